@@ -1,0 +1,30 @@
+"""Register the pipeline and each of its stages as deployments on a Prefect server."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import serve
+
+from flows.pipeline import PIPELINE, pipeline
+from tasks.config import load_config
+
+
+def build_deployments(config_paths: list[Path], root: str | None = None, cron: str | None = None) -> list:
+    """One deployment for the whole pipeline per config (optionally on a cron: corpus refresh)
+    and one per stage, each with the config as a typed parameter the UI renders as a form."""
+    deployments = []
+    for path in config_paths:
+        cfg = load_config(path)
+        base = {"config": cfg.model_dump(), "root": root}
+        deployments.append(pipeline.to_deployment(
+            name=cfg.name, parameters=base, cron=cron, tags=["passage-forge", cfg.name],
+            description=f"Full pipeline on {path}"))
+        for stage in PIPELINE:
+            deployments.append(pipeline.to_deployment(
+                name=f"{cfg.name}--{stage}", parameters={**base, "stage": stage}, tags=["passage-forge", "stage"],
+                description=f"Rerun stage {stage} of {path} on its latest upstream artifacts"))
+    return deployments
+
+
+def serve_pipeline(config_paths: list[Path], root: str | None = None, cron: str | None = None) -> None:
+    serve(*build_deployments(config_paths, root, cron))

@@ -1,0 +1,11 @@
+"""Artifact store: versioned Parquet datasets, model and index folders, and a DuckDB catalog.
+
+Knows nothing about retrieval. See DESIGN.md section 4.
+"""
+from .artifact import Artifact
+from .hashing import version_for
+from .parquet import ParquetTableWriter, write_table
+from .paths import resolve_root
+from .store import ArtifactStore
+
+__all__ = ["Artifact", "ArtifactStore", "ParquetTableWriter", "resolve_root", "version_for", "write_table"]

@@ -1,0 +1,42 @@
+"""Durability helpers: a rename is only a commit if the bytes and the directory entries
+reached the disk first."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file, then every directory bottom-up (entries after contents)."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if os.path.islink(p):
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            total += os.path.getsize(os.path.join(dirpath, f))
+    return total
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""manifest.json: the self-description of a committed artifact. Its presence inside
+<stage>/<version>/ is what makes a version exist (the catalog can be rebuilt from manifests)."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .fsutil import tree_bytes
+from .parquet import parquet_rows, table_dir, table_files
+
+MANIFEST = "manifest.json"
+RESERVED_KEYS = {"stage", "version", "code_version", "parameters", "inputs", "tables",
+                 "bytes", "rows", "timings", "created_at"}
+
+
+def describe_tables(build_dir: Path, stage: str) -> dict:
+    """{table: {rows, bytes, files}} from parquet footers. The default table (data/*.parquet)
+    is recorded under the stage's name with "default": true."""
+    tables: dict[str, dict] = {}
+    data = build_dir / "data"
+    if not data.is_dir():
+        return tables
+
+    def one(name: str | None) -> dict:
+        files = table_files(build_dir, name)
+        return {"rows": sum(parquet_rows(f) for f in files),
+                "bytes": sum(f.stat().st_size for f in files),
+                "files": [str(f.relative_to(build_dir)) for f in files]}
+
+    if table_files(build_dir, None):
+        if (data / stage).is_dir():
+            raise ValueError(f"stage {stage!r} has both a default table and a table named {stage!r}")
+        tables[stage] = {**one(None), "default": True}
+    for sub in sorted(p for p in data.iterdir() if p.is_dir()):
+        if table_files(build_dir, sub.name):
+            tables[sub.name] = one(sub.name)
+    return tables
+
+
+def build_manifest(build_dir: Path, *, stage: str, version: str, code_version: str,
+                   parameters: dict, inputs: dict, build_s: float, extra: dict | None) -> dict:
+    tables = describe_tables(build_dir, stage)
+    manifest = {
+        "stage": stage,
+        "version": version,
+        "code_version": code_version,
+        "parameters": parameters,
+        "inputs": inputs,
+        "tables": tables,
+        "rows": sum(t["rows"] for t in tables.values()),
+        "bytes": tree_bytes(build_dir),
+        "timings": {"build_s": round(build_s, 6)},
+        "created_at": datetime.now(timezone.utc).isoformat(),
+    }
+    for key, value in (extra or {}).items():
+        if key == "timings" and isinstance(value, dict):
+            manifest["timings"].update(value)  # a build may report its own phase timings
+        elif key in RESERVED_KEYS:
+            raise ValueError(f"build returned reserved manifest field {key!r}")
+        else:
+            manifest[key] = value
+    return manifest
+
+
+def write_manifest(build_dir: Path, manifest: dict) -> None:
+    path = build_dir / MANIFEST
+    tmp = build_dir / (MANIFEST + ".part")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(version_dir: Path) -> dict | None:
+    try:
+        with open(version_dir / MANIFEST, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def parse_created_at(value: str) -> datetime:
+    """ISO string -> naive UTC datetime (what DuckDB TIMESTAMP holds)."""
+    dt = datetime.fromisoformat(value)
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt
+
+
+__all__ = ["MANIFEST", "build_manifest", "describe_tables", "read_manifest", "write_manifest",
+           "parse_created_at", "table_dir"]

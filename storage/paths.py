@@ -1,0 +1,51 @@
+"""Where things live under the store root. One place, so layout changes stay local."""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+ENV_HOME = "PFORGE_HOME"
+CATALOG_FILE = "catalog.duckdb"
+CATALOG_LOCK = ".catalog.lock"
+TMP_PREFIX = ".tmp-"      # in-progress builds: .tmp-<version>-<pid>-<random>
+TRASH_PREFIX = ".trash-"  # gc renames here first so a removed version vanishes atomically
+
+
+def resolve_root(cli_root: str | None = None) -> Path:
+    """--root DIR wins, then $PFORGE_HOME, then ./artifacts; always absolute."""
+    raw = cli_root or os.environ.get(ENV_HOME) or "artifacts"
+    return Path(raw).expanduser().resolve()
+
+
+def stage_dir(root: Path, stage: str) -> Path:
+    return root / stage
+
+
+def version_dir(root: Path, stage: str, version: str) -> Path:
+    return root / stage / version
+
+
+def lock_file(root: Path, stage: str, version: str) -> Path:
+    return root / stage / ".locks" / f"{version}.lock"
+
+
+def new_tmp_dir(root: Path, stage: str, version: str) -> Path:
+    # pid + random: several processes (or retries) never share a scratch folder.
+    return root / stage / f"{TMP_PREFIX}{version}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def tmp_dir_version(name: str) -> str | None:
+    """Version encoded in a tmp dir name, or None if the name is not ours."""
+    if not name.startswith(TMP_PREFIX):
+        return None
+    parts = name[len(TMP_PREFIX):].split("-")
+    return parts[0] if len(parts) >= 3 else None
+
+
+def check_name(kind: str, name: str) -> str:
+    """Stage and table names become folder and SQL view names: keep them plain."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_\-]*", name):
+        raise ValueError(f"invalid {kind} name {name!r}: use letters, digits, _ and -")
+    return name

@@ -1,0 +1,152 @@
+"""Batch BM25 search with Anserini's own multi-threaded SearchCollection, inside this process's JVM.
+
+pyserini's ``LuceneSearcher.batch_search`` moves every hit through JNI (about 6 s per million hits
+here); SearchCollection instead searches all topics on its own thread pool and writes one run file,
+which pyarrow reads back in bulk. Flags used (checked against ``SearchCollection -options`` of
+anserini 1.7.1):
+
+    -index INDEX -topics TOPICS.tsv -topicReader TsvInt -output RUN.trec -format trec
+    -bm25 -bm25.k1 K1 -bm25.b B -hits K -threads N -parallelism 1 -quiet
+
+Topics are written with their position in ``queries`` as an integer id (``TsvInt``), so any qid
+string survives and the run comes back in input order; the real qids are restored from that
+position. Score ties are broken as Anserini does by default (by docid).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from tasks.bm25.jvm import ensure_jvm
+from tasks.schemas import RUNS
+
+_WS = re.compile(r"[\t\r\n\x0b\x0c\x85\u2028\u2029]+")
+
+
+def empty_runs() -> pa.Table:
+    return RUNS.empty_table()
+
+
+def _sanitize(text: str | None) -> str:
+    return _WS.sub(" ", text or "").strip()
+
+
+def write_topics(queries: Sequence[tuple[str, str]], path: Path) -> int:
+    """Write ``position \\t text`` lines; queries with empty text are left out (no hits anyway)."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (_qid, text) in enumerate(queries):
+            clean = _sanitize(text)
+            if clean:
+                f.write(f"{i}\t{clean}\n")
+                n += 1
+    return n
+
+
+def read_trec_run(path: Path) -> pa.Table:
+    """Read a TREC run file (qid Q0 docid rank score tag) as columns qidx, pid, rank, score."""
+    if path.stat().st_size == 0:
+        return pa.table({"qidx": pa.array([], pa.int64()), "pid": pa.array([], pa.string()),
+                         "rank": pa.array([], pa.int32()), "score": pa.array([], pa.float32())})
+    names = ["qidx", "q0", "pid", "rank", "score", "tag"]
+    return pacsv.read_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20, use_threads=True),
+        parse_options=pacsv.ParseOptions(delimiter=" ", quote_char=False, double_quote=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types={"qidx": pa.int64(), "pid": pa.string(), "rank": pa.int32(),
+                          "score": pa.float32()},
+            include_columns=["qidx", "pid", "rank", "score"],
+            strings_can_be_null=False, quoted_strings_can_be_null=False),
+    )
+
+
+def _run_search_collection(argv: list[str]) -> None:
+    from jnius import JavaException, autoclass
+
+    from tasks.bm25.index import _parse_args
+
+    args = _parse_args("io.anserini.search.SearchCollection$Args", argv)
+    try:
+        searcher = autoclass("io.anserini.search.SearchCollection")(args)
+        try:
+            searcher.run()
+        finally:
+            searcher.close()
+    except JavaException as exc:
+        raise RuntimeError(f"Anserini SearchCollection failed: {exc}") from exc
+
+
+def bm25_search(index_dir: Path, queries: list[tuple[str, str]], k: int = 100, k1: float = 0.9,
+                b: float = 0.4, threads: int = 2, system: str = "bm25",
+                timings: dict | None = None) -> pa.Table:
+    """Top-``k`` BM25 passages per query as a RUNS table (ranks 1..k, scores descending).
+
+    Rows come in query order, then rank. Queries without hits have no rows. ``timings``, when
+    given, receives write/search/read seconds.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    queries = list(queries)
+    if not queries:
+        return empty_runs()
+    index_dir = Path(index_dir)
+    if not index_dir.is_dir():
+        raise FileNotFoundError(f"no BM25 index at {index_dir}")
+    ensure_jvm()
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="pforge-bm25-search-"))
+    try:
+        topics = tmp / "topics.tsv"
+        run_file = tmp / "run.trec"
+        if write_topics(queries, topics) == 0:
+            return empty_runs()
+        t1 = time.perf_counter()
+        argv = ["-index", str(index_dir),
+                "-topics", str(topics),
+                "-topicReader", "TsvInt",
+                "-output", str(run_file),
+                "-format", "trec",
+                "-bm25", "-bm25.k1", repr(float(k1)), "-bm25.b", repr(float(b)),
+                "-hits", str(int(k)),
+                "-threads", str(max(1, int(threads))),
+                "-parallelism", "1",
+                "-quiet"]
+        _run_search_collection(argv)
+        if not run_file.exists():
+            raise RuntimeError(f"Anserini SearchCollection wrote no run file for {index_dir}")
+        t2 = time.perf_counter()
+        raw = read_trec_run(run_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    qidx = raw.column("qidx").to_numpy()
+    rank = raw.column("rank").to_numpy()
+    # SearchCollection writes topics in id order, ranks ascending; sort only if it ever does not.
+    if len(qidx) > 1:
+        d_q = np.diff(qidx)
+        if (d_q < 0).any() or ((d_q == 0) & (np.diff(rank) <= 0)).any():
+            order = np.lexsort((rank, qidx))
+            raw = raw.take(pa.array(order))
+            qidx = raw.column("qidx").to_numpy()
+    qids = pa.array([str(q) for q, _ in queries], pa.string())
+    table = pa.Table.from_arrays(
+        [qids.take(pa.array(qidx)),
+         raw.column("pid"),
+         raw.column("rank"),
+         raw.column("score"),
+         pa.repeat(pa.scalar(system, pa.string()), len(qidx))],
+        schema=RUNS)
+    if timings is not None:
+        t3 = time.perf_counter()
+        timings.update(write_seconds=t1 - t0, search_seconds=t2 - t1, read_seconds=t3 - t2,
+                       seconds=t3 - t0)
+    return table

@@ -1,0 +1,29 @@
+"""Thin Prefect layer over the stages: one task per stage, results published as Prefect artifacts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from storage import Artifact, ArtifactStore
+from tasks.config import PipelineConfig
+from tasks.stages import STAGES, run_stage
+
+
+def _stage_task(name: str):
+    # The artifact store does the caching (content-hash versions), so Prefect's own is off.
+    @task(name=name, cache_policy=NO_CACHE, retries=0)
+    def run(root: str, config: PipelineConfig, inputs: dict[str, Artifact]) -> Artifact:
+        artifact = run_stage(ArtifactStore(Path(root)), name, config, inputs)
+        if name == "evaluate":
+            report = (artifact.path / "report.md").read_text(encoding="utf-8")
+            create_markdown_artifact(key=f"{config.name}-evaluation".lower().replace("_", "-"), markdown=report,
+                                     description=f"evaluation {artifact.version}")
+        return artifact
+
+    return run
+
+
+STAGE_TASKS = {name: _stage_task(name) for name in STAGES}

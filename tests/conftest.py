@@ -1,0 +1,26 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("OPENAI_API_KEY", "unused-dummy")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} is absent")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
