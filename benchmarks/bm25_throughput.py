@@ -1,4 +1,4 @@
-"""BM25 throughput and quality: Lucene (Anserini SearchCollection in-process) vs bm25s, same run.
+"""BM25 throughput and quality: Lucene (Anserini index, in-process batch search) vs bm25s, same run.
 
     python benchmarks/bm25_throughput.py --passages PASSAGES.parquet --questions QUESTIONS.parquet \
         --k 100 --threads 2 [--out results.json]
@@ -116,7 +116,7 @@ def run_lucene(passages, queries, k, threads, workdir: Path, repeat: int) -> dic
         times.append(time.perf_counter() - t)
         parts.append(timing)
     best = int(np.argmin(times[1:])) + 1 if len(times) > 1 else 0
-    return {"system": "lucene (Anserini SearchCollection)", "jvm_start_s": jvm_s,
+    return {"system": "lucene (Anserini index, forge.BatchSearch)", "jvm_start_s": jvm_s,
             "index_s": stats["seconds"], "index_stats": stats, "search_s": times,
             "search_parts": parts[best], "runs": runs, "best": best}
 

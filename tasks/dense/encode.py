@@ -1,0 +1,154 @@
+"""Encode texts into embedding matrices, and store them as Arrow tables.
+
+Texts are tokenised once (truncated, unpadded), sorted by token count so every batch holds
+texts of similar length, padded once per batch (dynamic padding), encoded under
+``torch.inference_mode()`` and written back in input order.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+_STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+ProgressFn = Callable[[int, int], None]  # (items done, items total)
+
+
+def _tokenize_unpadded(texts, tokenizer, max_length: int) -> dict[str, list[list[int]]]:
+    if len(texts) and isinstance(texts[0], (tuple, list)):
+        titles = [t[0] if t[0] is not None else "" for t in texts]
+        bodies = [t[1] if t[1] is not None else "" for t in texts]
+        enc = tokenizer(titles, bodies, truncation="only_second" if max_length else False,
+                        max_length=max_length, padding=False)
+    else:
+        enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=False)
+    return {key: enc[key] for key in enc.keys()}
+
+
+def _pad_batch(features: dict[str, list[list[int]]], rows: np.ndarray, pad_id: int,
+               left: bool) -> dict[str, torch.Tensor]:
+    lengths = [len(features["input_ids"][i]) for i in rows]
+    width = max(lengths)
+    out: dict[str, torch.Tensor] = {}
+    for key, seqs in features.items():
+        fill = pad_id if key == "input_ids" else 0
+        arr = np.full((len(rows), width), fill, dtype=np.int64)
+        for j, i in enumerate(rows):
+            seq = seqs[i]
+            if left:
+                arr[j, width - len(seq):] = seq
+            else:
+                arr[j, : len(seq)] = seq
+        out[key] = torch.from_numpy(arr)
+    if "attention_mask" not in out:
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for j, n in enumerate(lengths):
+            if left:
+                mask[j, width - n:] = 1
+            else:
+                mask[j, :n] = 1
+        out["attention_mask"] = torch.from_numpy(mask)
+    return out
+
+
+def encode_texts(
+    texts: Sequence[str] | Sequence[tuple[str, str]],
+    tokenizer,
+    encode_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    batch_size: int = 64,
+    max_length: int = 256,
+    device: str | torch.device = "cpu",
+    dtype: str = "float32",
+    autocast_bf16: bool = False,
+    progress: ProgressFn | None = None,
+) -> np.ndarray:
+    """Encode ``texts`` (strings, or (title, text) pairs) into an ``[n, dim]`` array in input order.
+
+    ``encode_fn`` takes a padded batch dict of tensors (``input_ids``, ``attention_mask``, ...,
+    already on ``device``) and returns ``[batch, dim]`` embeddings. ``dtype`` is the storage dtype
+    of the result (``float32`` or ``float16``); computation is float32 unless ``autocast_bf16``,
+    which runs ``encode_fn`` under ``torch.autocast(device_type, dtype=torch.bfloat16)`` (CUDA or
+    CPU). ``progress(done, total)`` is called after every batch.
+    The whole input is tokenised at once: callers shard large collections (``iter_shards``).
+    """
+    if dtype not in _STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_STORAGE_DTYPES)}, got {dtype!r}")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    n = len(texts)
+    np_dtype = _STORAGE_DTYPES[dtype]
+    if n == 0:
+        return np.zeros((0, 0), dtype=np_dtype)
+    device = torch.device(device)
+    features = _tokenize_unpadded(texts, tokenizer, max_length)
+    lengths = np.fromiter((len(ids) for ids in features["input_ids"]), dtype=np.int64, count=n)
+    # Longest first: the first batch shows the peak memory at once; stable sort keeps ties in order.
+    order = np.argsort(-lengths, kind="stable")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+                if autocast_bf16 else contextlib.nullcontext())
+    out: np.ndarray | None = None
+    done = 0
+    with torch.inference_mode(), autocast:
+        for start in range(0, n, batch_size):
+            rows = order[start:start + batch_size]
+            batch = {k: v.to(device) for k, v in _pad_batch(features, rows, pad_id, left).items()}
+            emb = encode_fn(batch)
+            if emb.ndim != 2 or emb.shape[0] != len(rows):
+                raise ValueError(f"encode_fn returned shape {tuple(emb.shape)} for a batch of {len(rows)}")
+            emb_np = emb.detach().float().cpu().numpy()
+            if out is None:
+                out = np.empty((n, emb_np.shape[1]), dtype=np_dtype)
+            out[rows] = emb_np.astype(np_dtype, copy=False)
+            done += len(rows)
+            if progress is not None:
+                progress(done, n)
+    assert out is not None
+    return out
+
+
+def embeddings_table(pids: Sequence[str], vectors: np.ndarray) -> pa.Table:
+    """Arrow table ``pid: string, vector: fixed_size_list<float32|float16>[dim]``."""
+    vectors = np.asarray(vectors)
+    if vectors.ndim != 2:
+        raise ValueError("vectors must be 2-D")
+    if vectors.dtype not in (np.float32, np.float16):
+        raise ValueError(f"vectors must be float32 or float16, got {vectors.dtype}")
+    if len(pids) != vectors.shape[0]:
+        raise ValueError(f"{len(pids)} pids for {vectors.shape[0]} vectors")
+    dim = vectors.shape[1]
+    flat = pa.array(np.ascontiguousarray(vectors).reshape(-1))
+    vec = pa.FixedSizeListArray.from_arrays(flat, dim)
+    return pa.table({"pid": pa.array(pids, type=pa.string()), "vector": vec})
+
+
+def vectors_from_table(table: pa.Table) -> tuple[list[str], np.ndarray]:
+    """Inverse of ``embeddings_table``: (pids, ``[n, dim]`` array). Zero-copy for one-chunk tables."""
+    col = table.column("vector")
+    if not pa.types.is_fixed_size_list(col.type):
+        raise ValueError(f"vector column must be fixed_size_list, got {col.type}")
+    if col.null_count:
+        raise ValueError("vector column has nulls")
+    dim = col.type.list_size
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if isinstance(arr, pa.ChunkedArray):  # empty table
+        arr = pa.concat_arrays(arr.chunks) if arr.num_chunks else pa.array([], type=col.type)
+    values = arr.flatten()  # respects slicing offsets, no copy
+    if values.null_count:
+        raise ValueError("vector values have nulls")
+    mat = values.to_numpy(zero_copy_only=True).reshape(-1, dim) if len(values) else \
+        np.zeros((0, dim), dtype=values.type.to_pandas_dtype())
+    return table.column("pid").to_pylist(), mat
+
+
+def iter_shards(n: int, shard_size: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(start, stop)`` half-open ranges covering ``range(n)`` in shards of ``shard_size``."""
+    if shard_size < 1:
+        raise ValueError("shard_size must be >= 1")
+    for start in range(0, n, shard_size):
+        yield start, min(start + shard_size, n)

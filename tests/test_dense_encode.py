@@ -1,0 +1,109 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from tasks.dense.encode import embeddings_table, encode_texts, iter_shards, vectors_from_table
+
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "paris", "france", "capital", "is", "of",
+         "river", "runs", "through", "city", "big", "small", "red", "blue"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("tok")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizerFast.from_pretrained(str(d))
+    assert tok.convert_tokens_to_ids("cat") == vocab.index("cat")
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64)).eval()
+
+    def encode_fn(batch):
+        return model(**batch).last_hidden_state[:, 0]
+
+    return tok, encode_fn
+
+
+def _texts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(1, 30))) for _ in range(n)]
+
+
+def test_order_restored_and_equal_to_one_by_one(tiny):
+    tok, fn = tiny
+    texts = _texts(23)
+    seen = []
+    batched = encode_texts(texts, tok, fn, batch_size=4, progress=lambda d, t: seen.append((d, t)))
+    single = np.concatenate([encode_texts([t], tok, fn, batch_size=1) for t in texts])
+    assert batched.shape == (23, 32) and batched.dtype == np.float32
+    np.testing.assert_allclose(batched, single, atol=1e-5, rtol=1e-4)
+    assert seen[-1] == (23, 23) and len(seen) == 6
+    # lengths really differ, so sorting changed the order
+    assert len({len(t.split()) for t in texts}) > 5
+
+
+def test_pairs_and_batches_are_length_sorted(tiny):
+    tok, fn = tiny
+    widths = []
+
+    def spy(batch):
+        widths.append(batch["input_ids"].shape[1])
+        assert batch["attention_mask"].shape == batch["input_ids"].shape
+        return fn(batch)
+
+    pairs = [(f"paris {i % 3}", t) for i, t in enumerate(_texts(10, seed=1))]
+    out = encode_texts(pairs, tok, spy, batch_size=3, max_length=16)
+    assert out.shape == (10, 32)
+    assert widths == sorted(widths, reverse=True) and max(widths) <= 16
+    one = encode_texts([pairs[4]], tok, fn, max_length=16)
+    np.testing.assert_allclose(out[4], one[0], atol=1e-5, rtol=1e-4)
+
+
+def test_float16_storage_and_bf16_autocast(tiny):
+    tok, fn = tiny
+    texts = _texts(8)
+    f32 = encode_texts(texts, tok, fn)
+    f16 = encode_texts(texts, tok, fn, dtype="float16")
+    assert f16.dtype == np.float16
+    np.testing.assert_allclose(f16.astype(np.float32), f32, atol=1e-2, rtol=1e-2)
+    bf = encode_texts(texts, tok, fn, autocast_bf16=True)
+    assert bf.dtype == np.float32
+    cos = (bf * f32).sum(1) / np.linalg.norm(bf, axis=1) / np.linalg.norm(f32, axis=1)
+    assert cos.min() > 0.98
+    with pytest.raises(ValueError):
+        encode_texts(texts, tok, fn, dtype="int8")
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_embeddings_table_round_trip(dt, tmp_path):
+    import pyarrow.parquet as pq
+
+    vecs = np.random.default_rng(0).standard_normal((7, 5)).astype(dt)
+    pids = [f"p{i}" for i in range(7)]
+    t = embeddings_table(pids, vecs)
+    assert t.schema.field("vector").type.list_size == 5
+    assert t.schema.field("vector").type.value_type == pa.from_numpy_dtype(dt)
+    got_pids, got = vectors_from_table(t)
+    assert got_pids == pids and got.dtype == dt
+    np.testing.assert_array_equal(got, vecs)
+    # zero copy: the array views the Arrow buffer
+    assert got.base is not None and not got.flags.owndata
+    # sliced table and parquet round trip
+    p2, g2 = vectors_from_table(t.slice(2, 3))
+    assert p2 == pids[2:5]
+    np.testing.assert_array_equal(g2, vecs[2:5])
+    pq.write_table(t, tmp_path / "e.parquet")
+    p3, g3 = vectors_from_table(pq.read_table(tmp_path / "e.parquet"))
+    assert p3 == pids
+    np.testing.assert_array_equal(g3, vecs)
+
+
+def test_iter_shards():
+    assert list(iter_shards(10, 4)) == [(0, 4), (4, 8), (8, 10)]
+    assert list(iter_shards(0, 4)) == []
+    with pytest.raises(ValueError):
+        list(iter_shards(3, 0))
