@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Iterable, Iterator
 
 # DPR (Karpukhin et al. 2020, section 4.1; xMoCo paper section 4.1): articles are split into
@@ -18,6 +19,9 @@ def chunk_document(doc: dict, words: int = DEFAULT_WORDS, stride: int | None = N
     document text so gold answer spans can be mapped onto passages.
     """
     text = doc["text"]
+    if words > 0 and stride in (None, words):
+        yield from _disjoint_chunks(doc, words)
+        return
     spans = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     if not spans:
         return
@@ -43,6 +47,27 @@ def chunk_document(doc: dict, words: int = DEFAULT_WORDS, stride: int | None = N
             "n_words": last - first,
             "char_start": char_start,
             "char_end": char_end,
+        }
+
+
+@lru_cache(maxsize=8)
+def _chunk_pattern(words: int) -> re.Pattern:
+    # One match per chunk: up to `words` whitespace-separated words (the common, disjoint case).
+    return re.compile(r"\S+(?:\s+\S+){0,%d}" % (words - 1))
+
+
+def _disjoint_chunks(doc: dict, words: int) -> Iterator[dict]:
+    for index, match in enumerate(_chunk_pattern(words).finditer(doc["text"])):
+        tokens = match.group().split()
+        yield {
+            "pid": f"{doc['doc_id']}#{index}",
+            "doc_id": doc["doc_id"],
+            "title": doc["title"],
+            "text": " ".join(tokens),
+            "chunk_index": index,
+            "n_words": len(tokens),
+            "char_start": match.start(),
+            "char_end": match.end(),
         }
 
 

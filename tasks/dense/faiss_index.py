@@ -133,7 +133,7 @@ def load_params(directory: str | Path) -> dict:
 def load_index(directory: str | Path) -> faiss.Index:
     """Read an index written by ``save_index``; search-time settings are restored from the JSON."""
     directory = Path(directory)
-    index = faiss.downcast_index(faiss.read_index(str(directory / INDEX_FILE)))
+    index = faiss.read_index(str(directory / INDEX_FILE))  # concrete type, owns its memory
     params = load_params(directory)
     if isinstance(index, faiss.IndexHNSWFlat) and "ef_search" in params:
         index.hnsw.efSearch = int(params["ef_search"])

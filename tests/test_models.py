@@ -1,0 +1,246 @@
+"""BiEncoder, pooling and checkpoint resolution on tiny random BERTs (seconds on CPU)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
+
+from models import (  # noqa: E402
+    BiEncoder,
+    BiEncoderConfig,
+    BidirectionalSoftmaxLoss,
+    InBatchSoftmaxLoss,
+    Pooling,
+    WeightedInBatchSoftmaxLoss,
+    format_passage,
+    format_passages,
+    pool,
+    resolve_checkpoint,
+)
+
+WORDS = ("the of what is who capital france paris city river title passage text "
+         "where does flow through seine largest").split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [chr(c) for c in range(97, 123)]
+
+
+def tiny_bert(seed=0):
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    return BertModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny BertModel and a WordPiece tokenizer saved as a local checkpoint folder."""
+    d = tmp_path_factory.mktemp("tiny_bert")
+    tiny_bert().save_pretrained(d)
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    # transformers 5 ignores BertTokenizer(vocab_file=...); load the folder instead
+    BertTokenizerFast.from_pretrained(str(d)).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return BertTokenizerFast.from_pretrained(str(checkpoint))
+
+
+@pytest.fixture
+def batches(tokenizer):
+    queries = tokenizer(["what is the capital of france", "where does the seine flow"],
+                        padding=True, return_tensors="pt")
+    titles, texts = format_passages(["paris", "seine"], ["paris is the capital city",
+                                                         "the river seine flow through paris"])
+    passages = tokenizer(titles, texts, padding=True, return_tensors="pt")
+    return queries, passages
+
+
+def make(shared=True, **cfg):
+    q = tiny_bert(0)
+    p = None if shared else tiny_bert(1)
+    return BiEncoder(q, p, BiEncoderConfig(shared=shared, **cfg))
+
+
+# -- pooling -----------------------------------------------------------------------------------
+
+def test_pooling_cls_and_masked_mean():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.equal(pool(hidden, mask, Pooling.CLS), torch.tensor([[1.0, 2.0]]))
+    assert torch.equal(pool(hidden, mask, "mean"), torch.tensor([[2.0, 3.0]]))  # pad ignored
+    with pytest.raises(ValueError):
+        pool(hidden, mask, "max")
+
+
+# -- towers, projection, normalisation, scale --------------------------------------------------
+
+def test_shared_tower_really_shares_parameters(batches):
+    q, _ = batches
+    model = make(shared=True, projection_dim=8)
+    n_encoder = sum(x.numel() for x in model.query_encoder.parameters())
+    n_fc = 32 * 8 + 8
+    assert sum(x.numel() for x in model.parameters()) == n_encoder + n_fc
+    with torch.no_grad():
+        assert torch.equal(model.encode_query(q), model.encode_passage(q))
+        before = model.encode_passage(q)
+        dense = model.query_encoder.encoder.layer[-1].output.dense.weight
+        dense.add_(torch.randn_like(dense))  # perturb the one tower
+        assert not torch.allclose(model.encode_passage(q), before)
+        assert torch.equal(model.encode_query(q), model.encode_passage(q))
+
+
+def test_separate_towers_are_separate(batches):
+    q, _ = batches
+    model = make(shared=False, projection_dim=8)
+    assert model.passage_encoder is not model.query_encoder
+    ids_q = {id(x) for x in model.query_encoder.parameters()}
+    assert not ids_q & {id(x) for x in model.passage_encoder.parameters()}
+    assert model.passage_projection is not None
+    with torch.no_grad():
+        assert not torch.allclose(model.encode_query(q), model.encode_passage(q))
+
+
+def test_projection_changes_dim(batches):
+    q, p = batches
+    with torch.no_grad():
+        assert make().encode_query(q).shape == (2, 32)
+        model = make(projection_dim=8)
+        assert model.encode_query(q).shape == (2, 8)
+        assert model.encode_passage(p).shape == (2, 8)
+    assert model.embedding_dim == 8
+
+
+def test_cls_pooling_has_no_pooler_tanh(batches):
+    q, _ = batches
+    model = make()
+    with torch.no_grad():
+        out = model.query_encoder(**q)
+        assert torch.equal(model.encode_query(q), out.last_hidden_state[:, 0])
+        assert not torch.allclose(model.encode_query(q), out.pooler_output)
+
+
+def test_mean_pooling_differs_from_cls(batches):
+    q, _ = batches
+    with torch.no_grad():
+        assert not torch.allclose(make(pooling="mean").encode_query(q), make().encode_query(q))
+
+
+def test_normalize_gives_unit_norm(batches):
+    q, p = batches
+    model = make(projection_dim=8, normalize=True)
+    with torch.no_grad():
+        for emb in (model.encode_query(q), model.encode_passage(p)):
+            assert torch.allclose(emb.norm(dim=-1), torch.ones(2), atol=1e-6)
+
+
+def test_scale_multiplies_scores(batches):
+    q, p = batches
+    base, scaled = make(normalize=True), make(normalize=True, similarity_scale=100.0)
+    with torch.no_grad():
+        eq, ep = base.encode_query(q), base.encode_passage(p)
+        assert torch.allclose(base.score(eq, ep), eq @ ep.T)
+        assert torch.allclose(scaled.score(eq, ep), 100.0 * (eq @ ep.T))
+        assert torch.allclose(scaled(q, p), 100.0 * base(q, p), atol=1e-4)
+    assert InBatchSoftmaxLoss(scaled).scale == 100.0
+
+
+# -- passage formatting ------------------------------------------------------------------------
+
+def test_format_passage_pair_encoding(tokenizer):
+    assert format_passage("paris", "the city") == ("paris", "the city")
+    assert format_passage(None, "the city") == ("", "the city")
+    titles, texts = format_passages(["paris"], ["the river"])
+    ids = tokenizer(titles, texts)["input_ids"][0]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["[CLS]", "paris", "[SEP]", "the", "river", "[SEP]"]
+    with pytest.raises(ValueError):
+        format_passages(["a"], ["b", "c"])
+
+
+# -- checkpoints and persistence ---------------------------------------------------------------
+
+def test_resolve_checkpoint(checkpoint):
+    path = Path(resolve_checkpoint("minilm"))
+    assert (path / "config.json").is_file()
+    assert resolve_checkpoint(checkpoint) == str(checkpoint)
+    assert resolve_checkpoint("some-org/some-model") == "some-org/some-model"
+
+
+def test_from_pretrained_tiny_bert(checkpoint, batches):
+    q, p = batches
+    model = BiEncoder.from_pretrained(checkpoint, shared=True, pooling="cls", projection_dim=8,
+                                      normalize=True, scale=100.0)
+    assert model.tokenizer is not None and model.tokenizer.vocab_size == len(VOCAB)
+    assert model.config.base_model == str(checkpoint)
+    with torch.no_grad():
+        assert model.encode_query(q).shape == (2, 8)
+        assert model.score(model.encode_query(q), model.encode_passage(p)).shape == (2, 2)
+    two = BiEncoder.from_pretrained(checkpoint, shared=False)
+    assert two.passage_encoder is not two.query_encoder
+    # both towers start from the same checkpoint
+    with torch.no_grad():
+        assert torch.allclose(two.encode_query(q), two.encode_passage(q))
+
+
+def test_from_pretrained_unknown_hub_name_fails_offline():
+    with pytest.raises(OSError):
+        BiEncoder.from_pretrained("no-such-org/no-such-model-xyz")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_save_load_round_trip(tmp_path, checkpoint, batches, shared):
+    q, p = batches
+    model = BiEncoder.from_pretrained(checkpoint, shared=shared, pooling="mean", projection_dim=8,
+                                      normalize=True, scale=100.0).eval()
+    with torch.no_grad():
+        model.query_projection.weight.add_(1.0)  # make sure trained weights, not fresh init, reload
+    out = model.save_pretrained(tmp_path / "bi")
+    saved = json.loads((out / "bi_encoder_config.json").read_text())
+    assert saved["shared"] is shared and saved["pooling"] == "mean" and saved["projection_dim"] == 8
+    loaded = BiEncoder.from_pretrained(out).eval()
+    assert loaded.config == model.config
+    assert loaded.tokenizer is not None
+    with torch.no_grad():
+        assert torch.allclose(loaded.encode_query(q), model.encode_query(q), atol=1e-6)
+        assert torch.allclose(loaded.encode_passage(p), model.encode_passage(p), atol=1e-6)
+    with pytest.raises(ValueError):
+        BiEncoder.from_pretrained(out, projection_dim=16)
+
+
+# -- losses wired to the model -----------------------------------------------------------------
+
+@pytest.mark.parametrize("loss_cls", [InBatchSoftmaxLoss, BidirectionalSoftmaxLoss, WeightedInBatchSoftmaxLoss])
+@pytest.mark.parametrize("shared", [True, False])
+def test_gradients_flow(loss_cls, shared, batches, tokenizer):
+    q, p = batches
+    negatives = tokenizer(["a", "b", "c", "d"], ["the city", "the river", "paris", "seine"],
+                          padding=True, return_tensors="pt")  # N = 2 per question
+    model = make(shared=shared, projection_dim=8, normalize=True, similarity_scale=20.0).train()
+    loss_fn = loss_cls(model)
+    kwargs = {"weights": torch.tensor([1.0, 0.25])} if loss_cls is WeightedInBatchSoftmaxLoss else {}
+    loss = loss_fn(q, p, negatives, **kwargs)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    towers = [model.query_encoder] + ([] if shared else [model.passage_encoder])
+    for tower in towers:
+        assert tower.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert model.query_projection.weight.grad.abs().sum() > 0
+    if not shared:
+        assert model.passage_projection.weight.grad.abs().sum() > 0
+
+
+def test_loss_forward_equals_compute_from_embeddings(batches, tokenizer):
+    q, p = batches
+    negatives = tokenizer(["a", "b"], ["the city", "the river"], padding=True, return_tensors="pt")
+    model = make(projection_dim=8, normalize=True, similarity_scale=10.0).eval()
+    loss_fn = InBatchSoftmaxLoss(model)
+    with torch.no_grad():
+        eq, ep, en = model.encode_query(q), model.encode_passage(p), model.encode_passage(negatives)
+        expected = torch.nn.functional.cross_entropy(10.0 * eq @ torch.cat([ep, en]).T, torch.arange(2))
+        assert torch.allclose(loss_fn(q, p, negatives), expected)
+        assert torch.allclose(loss_fn.compute_loss_from_embeddings(eq, ep, negatives=en), expected)
