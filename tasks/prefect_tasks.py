@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from storage import Artifact, ArtifactStore
@@ -19,8 +19,10 @@ def _stage_task(name: str):
         artifact = run_stage(ArtifactStore(Path(root)), name, config, inputs)
         if name == "evaluate":
             report = (artifact.path / "report.md").read_text(encoding="utf-8")
-            create_markdown_artifact(key=f"{config.name}-evaluation".lower().replace("_", "-"), markdown=report,
-                                     description=f"evaluation {artifact.version}")
+            key = f"{config.name}-evaluation".lower().replace("_", "-")
+            create_markdown_artifact(key=key, markdown=report, description=f"evaluation {artifact.version}")
+            metrics = artifact.read_table("metrics").to_pylist()
+            create_table_artifact(key=f"{key}-metrics", table=metrics, description=f"metrics of evaluation {artifact.version}")
         return artifact
 
     return run

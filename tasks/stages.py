@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -47,10 +48,20 @@ def _squad_path(cfg: PipelineConfig) -> Path:
     path = cfg.data.resolve(squad.path)
     if not path.exists() and squad.download:
         logger.info("%s is absent: downloading the official %s", path, squad.download)
-        path = download_squad(squad.download, cfg.data.resolve("downloads"))
+        try:
+            path = download_squad(squad.download, downloads_dir())
+        except OSError as exc:  # offline, refused, disk full: say which file was wanted and why
+            raise InputError(path, "file", f"absent, and downloading {squad.download} failed: {exc}") from exc
     if not path.exists():
         raise InputError(path, "file", "SQuAD file not found (and no download configured)")
     return path
+
+
+def downloads_dir() -> Path:
+    """Where downloaded inputs are kept: $PFORGE_DOWNLOADS, else ~/.cache/passage-forge/downloads
+    (the data folder may be read-only)."""
+    default = Path.home() / ".cache" / "passage-forge" / "downloads"
+    return Path(os.environ.get("PFORGE_DOWNLOADS", default))
 
 
 def _wikipedia_paths(cfg: PipelineConfig) -> list[Path]:

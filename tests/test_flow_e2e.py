@@ -84,3 +84,39 @@ def test_bad_input_exits_non_zero_names_the_file_and_registers_nothing(tmp_path)
     assert proc.returncode != 0
     assert "truncated.xml.bz2" in proc.stderr
     assert ArtifactStore(root).list_artifacts("documents") == []
+
+
+def test_beir_nfcorpus_through_the_flow_gives_graded_ndcg(prefect_harness, shared_data, tmp_path):
+    cfg = load_config(PROJECT_ROOT / "configs" / "nfcorpus.yaml")
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={
+        "beir": cfg.data.beir.model_copy(update={"qrels_splits": ["test"]})})})
+    pipeline(config=cfg, root=str(tmp_path))
+    store = ArtifactStore(tmp_path)
+    assert store.sql("SELECT count(*) AS n FROM passages").column("n")[0].as_py() == 3633  # whole documents
+    assert store.sql("SELECT count(*) AS n FROM questions WHERE split = 'test'").column("n")[0].as_py() == 323
+    assert store.sql("SELECT max(relevance) AS m FROM gold").column("m")[0].as_py() == 2  # graded
+    ndcg = store.sql("SELECT value FROM metrics WHERE metric = 'ndcg_cut' AND k = 10 AND split = 'test'").column("value")[0].as_py()
+    assert 0.2 < ndcg < 0.5  # BM25 on NFCorpus: about 0.32 (BEIR)
+    assert store.sql("SELECT count(*) AS n FROM metrics WHERE metric = 'top_k_accuracy'").column("n")[0].as_py() == 0
+
+
+def test_explicit_article_lists_choose_the_test_split_and_absent_squad_fails_cleanly(shared_data, tmp_path, monkeypatch):
+    from tasks.errors import InputError
+    from tasks.stages import run_stage
+
+    cfg = load_config(TINY)
+    store = ArtifactStore(tmp_path)
+    documents = run_stage(store, "ingest_documents", cfg, {})
+    first = documents.read_table(columns=["doc_id", "title"]).to_pylist()[0]
+    first_title = first["title"]
+    split = cfg.split.model_copy(update={"articles": {"test": [first_title]}})
+    questions = run_stage(store, "ingest_questions", cfg.model_copy(update={"split": split}),
+                          {"ingest_documents": documents}).read_table("questions")
+    in_test = {d for d, s in zip(questions.column("doc_id").to_pylist(), questions.column("split").to_pylist()) if s == "test"}
+    assert in_test == {first["doc_id"]}
+
+    monkeypatch.setenv("PFORGE_DOWNLOADS", str(tmp_path / "downloads"))
+    monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    absent = cfg.data.squad.model_copy(update={"path": "squad/absent.json", "download": "dev-v1.1"})
+    with pytest.raises(InputError, match=r"absent\.json.*dev-v1\.1.*offline"):
+        run_stage(store, "ingest_documents", cfg.model_copy(update={"data": cfg.data.model_copy(update={"squad": absent})}), {})

@@ -1,0 +1,183 @@
+"""Training data for the bi-encoder: examples, a batch sampler that keeps false negatives out of a
+batch, and a Tevatron-like collator (tokenise unpadded, pad once per batch).
+
+Paper 003 section 4.3: every question has a pool of M hard negatives; each step draws N of them.
+The draws come from the collator's own seeded RNG, whose state is checkpointed, so a resumed run
+draws exactly what an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from models.bi_encoder import format_passages
+
+Passage = tuple[str | None, str]  # (title, text)
+
+
+@dataclass
+class TrainExample:
+    qid: str
+    query: str
+    positive: Passage
+    positive_id: str
+    negatives: list[Passage] = field(default_factory=list)  # pool of M hard negatives
+    weight: float = 1.0
+
+
+class UniqueBatchSampler:
+    """Yields lists of example indices.
+
+    Each epoch: a shuffle seeded by (seed, epoch), then greedy packing: walk the waiting examples
+    in shuffled order and take each one whose `qid` and `positive_id` are both new to the batch;
+    the ones skipped wait for the next batch (they would be false negatives of each other).
+    A batch that cannot be filled ends the epoch's full batches; with `drop_last` the examples
+    left over are dropped this epoch, otherwise they come as smaller (still unique) batches.
+
+    `state_dict()` is (epoch, position): `position` counts the batches already handed out in
+    `epoch`, so iterating after `load_state_dict` continues mid-epoch exactly. Iterating yields
+    the rest of the current epoch and then moves to the next epoch.
+    """
+
+    def __init__(self, examples: Sequence[TrainExample], batch_size: int, seed: int = 42,
+                 drop_last: bool = True) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.keys = [(str(e.qid), str(e.positive_id)) for e in examples]
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        order = list(range(len(self.keys)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        batches: list[list[int]] = []
+        waiting = order
+        while waiting:
+            batch: list[int] = []
+            qids: set[str] = set()
+            pids: set[str] = set()
+            rest: list[int] = []
+            for pos, i in enumerate(waiting):
+                if len(batch) == self.batch_size:
+                    rest.extend(waiting[pos:])
+                    break
+                qid, pid = self.keys[i]
+                if qid in qids or pid in pids:
+                    rest.append(i)
+                    continue
+                batch.append(i)
+                qids.add(qid)
+                pids.add(pid)
+            if len(batch) < self.batch_size and self.drop_last:
+                break
+            batches.append(batch)
+            waiting = rest
+        self._cache = (epoch, batches)
+        return batches
+
+    def __len__(self) -> int:
+        """Batches in the current epoch (the same for every epoch unless duplicates force
+        different packings; epoch 0's count is the planning figure)."""
+        return len(self.epoch_batches(self.epoch))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.epoch_batches(self.epoch)
+        while self.position < len(batches):
+            batch = batches[self.position]
+            self.position += 1
+            yield list(batch)
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_examples": len(self.keys),
+                "batch_size": self.batch_size, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in ("num_examples", "batch_size", "seed"):
+            mine = {"num_examples": len(self.keys), "batch_size": self.batch_size, "seed": self.seed}[key]
+            if key in state and int(state[key]) != mine:
+                raise ValueError(f"sampler state has {key}={state[key]}, this sampler has {mine}")
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+class Collator:
+    """examples -> (query_batch, passage_batch, negative_batch or None, weights).
+
+    Queries and (title, text) pairs are tokenised unpadded (truncated to the max lengths), then
+    padded once per batch with `tokenizer.pad` to the batch's longest sequence.
+    `negative_batch` holds N = `hard_negatives` passages per question, question-major (rows
+    i*N .. i*N+N-1 belong to question i), drawn without replacement from the question's pool
+    (with replacement when the pool has fewer than N). Pool entries equal to a positive of this
+    batch are skipped when the pool has others (they would be false negatives).
+    """
+
+    def __init__(self, tokenizer: Any, query_max_len: int = 32, passage_max_len: int = 128,
+                 hard_negatives: int = 0, seed: int = 42) -> None:
+        if tokenizer is None:
+            raise ValueError("Collator needs a tokenizer")
+        if hard_negatives < 0:
+            raise ValueError(f"hard_negatives must be >= 0, got {hard_negatives}")
+        self.tokenizer = tokenizer
+        self.query_max_len = int(query_max_len)
+        self.passage_max_len = int(passage_max_len)
+        self.hard_negatives = int(hard_negatives)
+        self.seed = seed
+        self.rng = random.Random(seed)
+
+    # -- RNG state (checkpointed) -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rng_state = state["rng"]
+        # torch.save / json may turn the inner tuple into a list
+        self.rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
+
+    # -- tokenisation -----------------------------------------------------------------------
+    def _pad(self, encoded) -> dict[str, torch.Tensor]:
+        return dict(self.tokenizer.pad(encoded, padding="longest", return_tensors="pt"))
+
+    def encode_queries(self, queries: Sequence[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(list(queries), truncation=True, max_length=self.query_max_len, padding=False)
+        return self._pad(enc)
+
+    def encode_passages(self, passages: Sequence[Passage]) -> dict[str, torch.Tensor]:
+        titles, texts = format_passages([p[0] for p in passages], [p[1] for p in passages])
+        enc = self.tokenizer(titles, texts, truncation=True, max_length=self.passage_max_len, padding=False)
+        return self._pad(enc)
+
+    def draw_negatives(self, examples: Sequence[TrainExample]) -> list[Passage]:
+        n = self.hard_negatives
+        positives = {tuple(e.positive) for e in examples}
+        drawn: list[Passage] = []
+        for e in examples:
+            pool = [tuple(p) for p in e.negatives]
+            clean = [p for p in pool if p not in positives]
+            pool = clean or pool
+            if not pool:
+                raise ValueError(f"question {e.qid!r} has no hard negatives but hard_negatives={n}; "
+                                 "use hard_negatives=0 or mine negatives first")
+            drawn.extend(self.rng.sample(pool, n) if len(pool) >= n else self.rng.choices(pool, k=n))
+        return drawn
+
+    def __call__(self, examples: Sequence[TrainExample]):
+        if not examples:
+            raise ValueError("empty batch")
+        query_batch = self.encode_queries([e.query for e in examples])
+        passage_batch = self.encode_passages([e.positive for e in examples])
+        negative_batch = None
+        if self.hard_negatives > 0:
+            negative_batch = self.encode_passages(self.draw_negatives(examples))
+        weights = torch.tensor([float(e.weight) for e in examples], dtype=torch.float32)
+        return query_batch, passage_batch, negative_batch, weights
