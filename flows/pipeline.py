@@ -7,11 +7,12 @@ from prefect import flow, get_run_logger
 
 from storage import ArtifactStore, resolve_root
 from tasks.config import PipelineConfig
-from tasks.prefect_tasks import STAGE_TASKS
-from tasks.stages import STAGES, resolve_stage_name, upstream_for_single_stage
+from tasks.prefect_tasks import stage_task
+from tasks.stages import resolve_stage_name, stages_for, upstream_for_single_stage
 
-# Declared once: stage order (each stage's inputs come before it in this list).
-PIPELINE = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search", "evaluate"]
+# The stages every config runs, in order; dense systems and the hybrid add theirs before evaluate
+# (tasks/stages.py: stages_for).
+PIPELINE = list(stages_for(PipelineConfig()))
 
 
 @flow(name="passage-forge", log_prints=True)
@@ -22,12 +23,12 @@ def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = N
     store = ArtifactStore(resolve_root(root))
     logger = get_run_logger()
     if stage is not None:
-        name = resolve_stage_name(stage)
-        artifact = STAGE_TASKS[name](store_root, config, upstream_for_single_stage(store, name, config))
+        name = resolve_stage_name(stage, config)
+        artifact = stage_task(name)(store_root, config, upstream_for_single_stage(store, name, config))
         return {name: artifact.version}
     done = {}
-    for name in PIPELINE:
-        inputs = {dep: done[dep] for dep in STAGES[name].inputs}
-        done[name] = STAGE_TASKS[name](store_root, config, inputs)
+    for name, declared in stages_for(config).items():
+        inputs = {dep: done[dep] for dep in declared.inputs}
+        done[name] = stage_task(name)(store_root, config, inputs)
     logger.info("artifacts under %s", store_root)
     return {name: artifact.version for name, artifact in done.items()}

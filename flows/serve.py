@@ -5,7 +5,8 @@ from pathlib import Path
 
 from prefect import serve
 
-from flows.pipeline import PIPELINE, pipeline
+from flows.pipeline import pipeline
+from tasks.stages import stages_for
 from tasks.config import load_config
 
 
@@ -19,7 +20,7 @@ def build_deployments(config_paths: list[Path], root: str | None = None, cron: s
         deployments.append(pipeline.to_deployment(
             name=cfg.name, parameters=base, cron=cron, tags=["passage-forge", cfg.name],
             description=f"Full pipeline on {path}"))
-        for stage in PIPELINE:
+        for stage in stages_for(cfg):
             deployments.append(pipeline.to_deployment(
                 name=f"{cfg.name}--{stage}", parameters={**base, "stage": stage}, tags=["passage-forge", "stage"],
                 description=f"Rerun stage {stage} of {path} on its latest upstream artifacts"))

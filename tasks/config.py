@@ -72,6 +72,78 @@ class EvalConfig(_Strict):
     match_type: Literal["string", "regex"] = "string"
 
 
+class DenseModelConfig(_Strict):
+    base: str = Field("minilm", description="backbone: 'minilm' (the offline all-MiniLM-L6-v2), a local path or a hub name")
+    shared: bool = Field(True, description="one tower for questions and passages (paper 003) or two (DPR, xMoCo)")
+    pooling: Literal["cls", "mean"] = "mean"
+    projection_dim: Optional[int] = Field(None, ge=1, description="FC layer on the pooled vector (paper 003 section 3)")
+    normalize: bool = Field(True, description="l2-normalise embeddings")
+    scale: float = Field(1.0, gt=0, description="similarity scale (paper 001 section 4.2 uses 100 with normalisation)")
+
+
+class DenseTrainConfig(_Strict):
+    loss: Literal["dpr", "bidirectional"] = "dpr"
+    # Paper 003 section 4.3: N hard negatives per question per step, drawn from its pool of M.
+    hard_negatives: int = Field(1, ge=0, description="N hard negatives per question per step")
+    negative_pool: int = Field(10, ge=1, description="M: BM25 passages without an answer, per question")
+    lr: float = Field(2e-5, gt=0)
+    batch_size: int = Field(16, ge=2)
+    epochs: int = Field(1, ge=1)
+    max_steps: Optional[int] = Field(None, ge=1)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    query_max_len: int = 32
+    passage_max_len: int = 128
+    max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many train-split questions")
+    bf16: Literal["auto", "on", "off"] = "auto"
+    seed: int = 42
+
+
+class DenseSystemConfig(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$", description="system name in runs and metrics")
+    model: DenseModelConfig = Field(default_factory=DenseModelConfig)
+    train: Optional[DenseTrainConfig] = Field(None, description="absent: the base encoder, zero-shot")
+
+
+class EncodeConfig(_Strict):
+    batch_size: int = Field(64, ge=1)
+    passage_max_len: int = 256
+    query_max_len: int = 64
+    dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
+    bf16: bool = Field(False, description="bf16 autocast while encoding (CUDA, or CPUs with bf16 units)")
+    device: str = Field("auto", description="'auto' picks CUDA when present")
+
+
+class FaissConfig(_Strict):
+    kind: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    hnsw_m: int = 32
+    ef_search: int = 128
+    nlist: Optional[int] = None
+    pq_m: Optional[int] = None
+    nprobe: int = 16
+
+
+class HybridConfig(_Strict):
+    system: str = Field(..., description="the dense system fused with BM25 (papers 000 and 003)")
+    tune_split: str = Field("dev", description="split on which the BM25 weight is chosen")
+    tune_k: int = Field(20, description="top-k accuracy maximised when choosing the weight")
+
+
+class DenseConfig(_Strict):
+    systems: list[DenseSystemConfig] = Field(default_factory=list)
+    encode: EncodeConfig = Field(default_factory=EncodeConfig)
+    index: FaissConfig = Field(default_factory=FaissConfig)
+    hybrid: Optional[HybridConfig] = None
+
+    @model_validator(mode="after")
+    def _known_hybrid_system(self):
+        names = [s.name for s in self.systems]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dense system names must be unique: {names}")
+        if self.hybrid and self.hybrid.system not in names:
+            raise ValueError(f"hybrid.system {self.hybrid.system!r} is not one of the dense systems {names}")
+        return self
+
+
 class PipelineConfig(_Strict):
     name: str = "squad-open"
     data: DataConfig = Field(default_factory=lambda: DataConfig(squad=SquadSource()))
@@ -79,6 +151,7 @@ class PipelineConfig(_Strict):
     split: SplitConfig = Field(default_factory=SplitConfig)
     bm25: BM25Config = Field(default_factory=BM25Config)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    dense: Optional[DenseConfig] = Field(None, description="dense systems (zero-shot, trained) and the hybrid")
 
 
 class ConfigError(ValueError):

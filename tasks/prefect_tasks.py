@@ -9,10 +9,10 @@ from prefect.cache_policies import NO_CACHE
 
 from storage import Artifact, ArtifactStore
 from tasks.config import PipelineConfig
-from tasks.stages import STAGES, run_stage
+from tasks.stages import run_stage
 
 
-def _stage_task(name: str):
+def stage_task(name: str):
     # The artifact store does the caching (content-hash versions), so Prefect's own is off.
     @task(name=name, cache_policy=NO_CACHE, retries=0)
     def run(root: str, config: PipelineConfig, inputs: dict[str, Artifact]) -> Artifact:
@@ -27,5 +27,3 @@ def _stage_task(name: str):
 
     return run
 
-
-STAGE_TASKS = {name: _stage_task(name) for name in STAGES}

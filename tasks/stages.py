@@ -9,6 +9,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -38,6 +39,7 @@ class Stage:
     inputs: tuple[str, ...]   # upstream stage names
     params: Callable[[PipelineConfig], dict]
     build: Build
+    produces_runs: bool = False   # its table is a runs table that the evaluation scores
 
 
 # ---------------------------------------------------------------- ingest
@@ -246,7 +248,8 @@ def _build_evaluation(cfg: PipelineConfig, inputs: dict[str, Artifact], out: Pat
     questions = inputs["ingest_questions"].read_table("questions")
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
     gold = inputs["link_gold"].read_table()
-    runs = [inputs["bm25_search"].read_table()]
+    all_stages = stages_for(cfg)
+    runs = [artifact.read_table() for name, artifact in inputs.items() if all_stages[name].produces_runs]
     results, metrics, report = evaluate_runs(cfg, questions, passages, gold, runs,
                                              gold_stats=inputs["link_gold"].manifest.get("stats", {}))
     write_table(out, results, name="question_results")
@@ -259,31 +262,72 @@ def _no_params(cfg: PipelineConfig) -> dict:
     return {}
 
 
-STAGES: dict[str, Stage] = {s.name: s for s in [
+BASE_STAGES = [
     Stage("ingest_documents", "documents", "1", (), _documents_params, _build_documents),
     Stage("ingest_questions", "questions", "1", ("ingest_documents",), _questions_params, _build_questions),
     Stage("chunk", "passages", "1", ("ingest_documents",), lambda c: c.chunk.model_dump(), _build_passages),
     Stage("link_gold", "gold", "1", ("ingest_questions", "chunk"), _no_params, _build_gold),
     Stage("bm25_index", "bm25_index", "1", ("chunk",), lambda c: {"threads": c.bm25.threads}, _build_bm25_index),
     Stage("bm25_search", "bm25_runs", "1", ("bm25_index", "ingest_questions"),
-          lambda c: c.bm25.model_dump(exclude={"threads"}), _build_bm25_runs),
-    Stage("evaluate", "evaluation", "1", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
-          lambda c: c.evaluation.model_dump(), _build_evaluation),
-]}
+          lambda c: c.bm25.model_dump(exclude={"threads"}), _build_bm25_runs, produces_runs=True),
+]
+
+
+def _dense_stages(cfg: PipelineConfig) -> list[Stage]:
+    from tasks import dense_stages as d
+
+    if cfg.dense is None:
+        return []
+    stages = []
+    for system in cfg.dense.systems:
+        n = system.name
+        model = {"system": n, "model": system.model.model_dump(), "train": system.train.model_dump() if system.train else None}
+        trained = (f"train:{n}",) if system.train else ()
+        if system.train:
+            stages.append(Stage(f"train:{n}", "dense_model", "1", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
+                                lambda c, m=model: {**m, "device": c.dense.encode.device}, partial(_with_system, d.build_train, system)))
+        encode = lambda c, m=model: {**m, "encode": c.dense.encode.model_dump(exclude={"device"})}  # noqa: E731
+        stages.append(Stage(f"encode:{n}", "embeddings", "1", ("chunk", *trained), encode, partial(_with_system, d.build_encode, system)))
+        stages.append(Stage(f"index:{n}", "faiss_index", "1", (f"encode:{n}",), lambda c: c.dense.index.model_dump(),
+                            partial(_with_system, d.build_index, system)))
+        stages.append(Stage(f"search:{n}", "dense_runs", "1", ("ingest_questions", f"encode:{n}", f"index:{n}", *trained),
+                            lambda c, e=encode: {**e(c), "k": c.bm25.k}, partial(_with_system, d.build_search, system),
+                            produces_runs=True))
+    if cfg.dense.hybrid:
+        stages.append(Stage("hybrid", "hybrid_runs", "1", ("ingest_questions", "chunk", "bm25_search", f"search:{cfg.dense.hybrid.system}"),
+                            lambda c: {**c.dense.hybrid.model_dump(), "k": c.bm25.k, "match_type": c.evaluation.match_type},
+                            d.build_hybrid, produces_runs=True))
+    return stages
+
+
+def _with_system(build, system, cfg: PipelineConfig, inputs: dict[str, Artifact], out: Path):
+    return build(cfg, system, inputs, out)
+
+
+def stages_for(cfg: PipelineConfig) -> dict[str, Stage]:
+    """Every stage of this config's pipeline, in an order where inputs come first."""
+    stages = BASE_STAGES + _dense_stages(cfg)
+    runs = tuple(s.name for s in stages if s.produces_runs)
+    evaluate = Stage("evaluate", "evaluation", "1", ("ingest_questions", "chunk", "link_gold", *runs),
+                     lambda c: c.evaluation.model_dump(), _build_evaluation)
+    return {s.name: s for s in stages + [evaluate]}
+
+
+# The stages every config has (for --help texts and tests).
+STAGES: dict[str, Stage] = stages_for(PipelineConfig())
 # Short aliases users type.
 ALIASES = {"ingest": "ingest_documents", "questions": "ingest_questions", "gold": "link_gold",
            "index": "bm25_index", "retrieve": "bm25_search", "bm25": "bm25_search", "eval": "evaluate"}
-
-
-def resolve_stage_name(name: str) -> str:
+def resolve_stage_name(name: str, cfg: PipelineConfig) -> str:
     name = ALIASES.get(name, name)
-    if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    known = stages_for(cfg)
+    if name not in known:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(known)}")
     return name
 
 
 def run_stage(store: ArtifactStore, name: str, cfg: PipelineConfig, inputs: dict[str, Artifact]) -> Artifact:
-    stage = STAGES[name]
+    stage = stages_for(cfg)[name]
     params = stage.params(cfg)
     artifact = store.materialize(stage.artifact, stage.code_version, params, inputs,
                                  lambda out: stage.build(cfg, inputs, out))
@@ -293,7 +337,7 @@ def run_stage(store: ArtifactStore, name: str, cfg: PipelineConfig, inputs: dict
 
 def planned_version(store: ArtifactStore, name: str, cfg: PipelineConfig) -> str:
     """The version `name` would get under `cfg`, computed without building anything."""
-    stage = STAGES[name]
+    stage = stages_for(cfg)[name]
     upstream = {dep: planned_version(store, dep, cfg) for dep in stage.inputs}
     return store.version_for(stage.artifact, stage.code_version, stage.params(cfg), upstream)
 
@@ -301,8 +345,9 @@ def planned_version(store: ArtifactStore, name: str, cfg: PipelineConfig) -> str
 def upstream_for_single_stage(store: ArtifactStore, name: str, cfg: PipelineConfig) -> dict[str, Artifact]:
     """Inputs for rerunning one stage: the upstream artifacts this config produces, else the latest."""
     inputs = {}
-    for dep in STAGES[name].inputs:
-        artifact = store.get(STAGES[dep].artifact, planned_version(store, dep, cfg)) or store.latest(STAGES[dep].artifact)
+    stages = stages_for(cfg)
+    for dep in stages[name].inputs:
+        artifact = store.get(stages[dep].artifact, planned_version(store, dep, cfg)) or store.latest(stages[dep].artifact)
         if artifact is None:
             raise RuntimeError(f"stage {name!r} needs {dep!r}, which has never run: run the pipeline first")
         inputs[dep] = artifact

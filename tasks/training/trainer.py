@@ -165,8 +165,13 @@ def _enable_gradient_checkpointing(model: nn.Module) -> None:
     towers = [getattr(model, "query_encoder", None), getattr(model, "passage_encoder", None)]
     enabled = False
     for tower in towers:
-        if tower is not None and hasattr(tower, "gradient_checkpointing_enable"):
-            tower.gradient_checkpointing_enable()
+        if tower is None:
+            continue
+        # transformers 5 renamed it; the old name still works with a FutureWarning
+        enable = getattr(tower, "activation_checkpointing_enable", None) or getattr(
+            tower, "gradient_checkpointing_enable", None)
+        if enable is not None:
+            enable()
             enabled = True
     if not enabled:
         warnings.warn("gradient_checkpointing=True but no tower supports gradient_checkpointing_enable()")

@@ -1,0 +1,183 @@
+"""Dense stages, one set per configured system: train (optional) -> encode -> FAISS index ->
+search; then the BM25+dense hybrid. Declared here, run by tasks/stages.py's machinery."""
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pyarrow as pa
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.config import DenseSystemConfig, PipelineConfig
+
+logger = logging.getLogger("passage_forge")
+
+
+def _device(cfg: PipelineConfig) -> str:
+    import torch
+
+    wanted = cfg.dense.encode.device
+    return ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
+
+
+def load_model(system: DenseSystemConfig, trained: Artifact | None):
+    from models import BiEncoder
+    from models.checkpoints import resolve_checkpoint
+
+    if trained is not None:
+        return BiEncoder.from_pretrained(trained.subdir("model"))
+    m = system.model
+    return BiEncoder.from_pretrained(resolve_checkpoint(m.base), shared=m.shared, pooling=m.pooling,
+                                     projection_dim=m.projection_dim, normalize=m.normalize, scale=m.scale)
+
+
+def _encode(cfg: PipelineConfig, model, texts, side: str):
+    import torch
+
+    from tasks.dense.encode import encode_texts
+
+    device = _device(cfg)
+    model.to(device).eval()
+    enc = cfg.dense.encode
+    encode_fn = model.encode_passage if side == "passage" else model.encode_query
+    total = len(texts)
+    step = max(total // 10, 1)
+
+    def progress(done, _total):
+        if done % step < enc.batch_size or done == total:
+            logger.info("encode %ss: %s/%s", side, f"{done:,}", f"{total:,}")
+
+    with torch.inference_mode():
+        return encode_texts(texts, model.tokenizer, encode_fn, batch_size=enc.batch_size,
+                            max_length=enc.passage_max_len if side == "passage" else enc.query_max_len,
+                            device=device, dtype=enc.dtype, autocast_bf16=enc.bf16, progress=progress)
+
+
+# ---------------------------------------------------------------- train
+def training_examples(cfg: PipelineConfig, system: DenseSystemConfig, questions: pa.Table, passages: pa.Table,
+                      gold: pa.Table, bm25_runs: pa.Table) -> list:
+    """Train-split questions with a gold passage; negatives: BM25 passages without an answer
+    (paper 003 section 4.1, "BM25 filtered by answer"), the top M per question."""
+    from tasks.evaluation.has_answer import has_answer
+    from tasks.training.data import TrainExample
+
+    train = system.train
+    by_pid = {p["pid"]: (p["title"], p["text"]) for p in passages.select(["pid", "title", "text"]).to_pylist()}
+    gold_of: dict[str, str] = {}
+    for qid, pid in zip(gold.column("qid").to_pylist(), gold.column("pid").to_pylist()):
+        gold_of.setdefault(qid, pid)
+    ranked: dict[str, list[str]] = {}
+    for qid, pid in zip(bm25_runs.column("qid").to_pylist(), bm25_runs.column("pid").to_pylist()):
+        ranked.setdefault(qid, []).append(pid)
+    examples = []
+    for q in questions.filter(pa.compute.equal(questions.column("split"), "train")).to_pylist():
+        positive = gold_of.get(q["qid"])
+        if positive is None:
+            continue
+        negatives = [by_pid[p] for p in ranked.get(q["qid"], [])
+                     if p != positive and not has_answer(q["answers"], by_pid[p][1])][: train.negative_pool]
+        if train.hard_negatives and not negatives:
+            continue
+        examples.append(TrainExample(qid=q["qid"], query=q["question"], positive=by_pid[positive],
+                                     positive_id=positive, negatives=negatives))
+    if train.max_questions is not None and len(examples) > train.max_questions:
+        examples = random.Random(train.seed).sample(examples, train.max_questions)
+    if len(examples) < train.batch_size:
+        raise ValueError(f"only {len(examples)} training questions for system {system.name!r} "
+                         f"(batch size {train.batch_size}): check the train split")
+    return examples
+
+
+def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from models.losses import BidirectionalSoftmaxLoss, InBatchSoftmaxLoss
+    from tasks.training.trainer import TrainerArgs, train_bi_encoder
+
+    examples = training_examples(cfg, system, inputs["ingest_questions"].read_table("questions"),
+                                 inputs["chunk"].read_table(columns=["pid", "title", "text"]),
+                                 inputs["link_gold"].read_table(), inputs["bm25_search"].read_table())
+    t = system.train
+    model = load_model(system, None)
+    loss = (InBatchSoftmaxLoss if t.loss == "dpr" else BidirectionalSoftmaxLoss)(model)
+    args = TrainerArgs(lr=t.lr, batch_size=t.batch_size, epochs=t.epochs, max_steps=t.max_steps,
+                       warmup_ratio=t.warmup_ratio, hard_negatives=t.hard_negatives,
+                       query_max_len=t.query_max_len, passage_max_len=t.passage_max_len, seed=t.seed,
+                       bf16={"auto": "auto", "on": True, "off": False}[t.bf16], device=_device(cfg))
+    logger.info("train %s: %d questions, loss %s, batch %d", system.name, len(examples), t.loss, t.batch_size)
+    result = train_bi_encoder(model, loss, examples, args, out / "training", progress=False)
+    model.save_pretrained(out / "model")
+    try:
+        from models.export import export_bi_encoder
+
+        export_bi_encoder(model, out / "export")
+    except ImportError:  # pragma: no cover - export module optional until it lands
+        logger.warning("models.export is missing: no sentence-transformers export written")
+    history = result.get("history", []) if isinstance(result, dict) else []
+    return {"stats": {"examples": len(examples), "steps": len(history),
+                      "final_loss": history[-1]["loss"] if history else None,
+                      "seconds": result.get("seconds") if isinstance(result, dict) else None}}
+
+
+# ---------------------------------------------------------------- encode, index, search
+def build_encode(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense.encode import embeddings_table
+
+    passages = inputs["chunk"].read_table(columns=["pid", "title", "text"])
+    model = load_model(system, inputs.get(f"train:{system.name}"))
+    pairs = list(zip(passages.column("title").to_pylist(), passages.column("text").to_pylist()))
+    vectors = _encode(cfg, model, pairs, "passage")
+    write_table(out, embeddings_table(passages.column("pid").to_pylist(), vectors))
+    return {"stats": {"passages": len(pairs), "dim": int(vectors.shape[1])}}
+
+
+def build_index(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense import faiss_index
+    from tasks.dense.encode import vectors_from_table
+
+    _, vectors = vectors_from_table(inputs[f"encode:{system.name}"].read_table())
+    f = cfg.dense.index
+    index = faiss_index.build_index(vectors.astype("float32"), kind=f.kind, hnsw_m=f.hnsw_m, ef_search=f.ef_search,
+                                    nlist=f.nlist, pq_m=f.pq_m, nprobe=f.nprobe)
+    faiss_index.save_index(index, out / "index")
+    return {"stats": faiss_index.index_params(index)}
+
+
+def build_search(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense import faiss_index
+
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
+    pids = inputs[f"encode:{system.name}"].read_table(columns=["pid"]).column("pid")
+    model = load_model(system, inputs.get(f"train:{system.name}"))
+    vectors = _encode(cfg, model, questions.column("question").to_pylist(), "query")
+    index = faiss_index.load_index(inputs[f"index:{system.name}"].subdir("index"))
+    runs = faiss_index.search(index, vectors.astype("float32"), cfg.bm25.k, pids, questions.column("qid"), system=system.name)
+    write_table(out, runs)
+    return {"stats": {"queries": questions.num_rows, "hits": runs.num_rows}}
+
+
+# ---------------------------------------------------------------- hybrid
+def build_hybrid(cfg: PipelineConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense.hybrid import choose_weight, linear_fusion
+    from tasks.evaluation.qa_metrics import first_hit_ranks
+
+    h = cfg.dense.hybrid
+    questions = inputs["ingest_questions"].read_table("questions")
+    passage_text = dict(zip(*[inputs["chunk"].read_table(columns=["pid", "text"]).column(c).to_pylist() for c in ("pid", "text")]))
+    bm25, dense = inputs["bm25_search"].read_table(), inputs[f"search:{h.system}"].read_table()
+    tune = questions.filter(pa.compute.equal(questions.column("split"), h.tune_split))
+    if tune.num_rows == 0:
+        raise ValueError(f"hybrid: no questions in split {h.tune_split!r} to choose the BM25 weight on")
+    tune_ids = tune.column("qid")
+
+    def top_k_accuracy(run: pa.Table) -> float:
+        ranks = first_hit_ranks(run, passage_text, tune, cfg.evaluation.match_type, h.tune_k).column("first_hit_rank")
+        return sum(1 for r in ranks.to_pylist() if r is not None and r <= h.tune_k) / max(len(ranks), 1)
+
+    def on_tune(run: pa.Table) -> pa.Table:
+        return run.filter(pa.compute.is_in(run.column("qid"), value_set=tune_ids))
+
+    weight, scores = choose_weight(on_tune(bm25), on_tune(dense), top_k_accuracy, k=cfg.bm25.k)
+    logger.info("hybrid: BM25 weight %.2f chosen on %s (top-%d accuracy %.4f)", weight, h.tune_split, h.tune_k, scores[weight])
+    write_table(out, linear_fusion(bm25, dense, weight, k=cfg.bm25.k, system=f"hybrid({h.system})"))
+    return {"stats": {"weight": weight, "tune_split": h.tune_split, "tune_scores": {str(k): v for k, v in scores.items()}}}

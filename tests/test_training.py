@@ -1,0 +1,303 @@
+"""Training data pipeline and trainer on tiny random BERTs (seconds on CPU)."""
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
+
+from models import BiEncoder, BiEncoderConfig, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
+from tasks.training import (  # noqa: E402
+    Collator,
+    TrainerArgs,
+    TrainExample,
+    UniqueBatchSampler,
+    latest_checkpoint,
+    train_bi_encoder,
+)
+
+WORDS = ("the of what is who capital france paris city river title passage text "
+         "where does flow through seine largest").split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [chr(c) for c in range(97, 123)]
+
+
+def tiny_bert(seed=0):
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    return BertModel(cfg)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny_bert_train")
+    tiny_bert().save_pretrained(d)
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    BertTokenizerFast.from_pretrained(str(d)).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return BertTokenizerFast.from_pretrained(str(checkpoint))
+
+
+def new_model(checkpoint, seed=0):
+    """A fresh model object; `seed` perturbs the projection so 'loaded from nothing' is real."""
+    torch.manual_seed(seed)
+    return BiEncoder.from_pretrained(checkpoint, projection_dim=16)
+
+
+def make_examples(n=24, pool=3, seed=0, dup_every=0):
+    rng = random.Random(seed)
+    words = WORDS + list("abcdefghij")
+    out = []
+    for i in range(n):
+        pid = f"p{i // dup_every}" if dup_every else f"p{i}"
+        out.append(TrainExample(
+            qid=f"q{i}",
+            query=" ".join(rng.choices(words, k=rng.randint(2, 6))),
+            positive=(f"title {i % 5}", " ".join(rng.choices(words, k=rng.randint(4, 12)))),
+            positive_id=pid,
+            negatives=[(f"neg {j}", " ".join(rng.choices(words, k=rng.randint(3, 10)))) for j in range(pool)],
+        ))
+    return out
+
+
+# -- sampler ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("trial", range(20))
+def test_sampler_never_mixes_duplicates(trial):
+    rng = random.Random(trial)
+    n = rng.randint(1, 80)
+    examples = [TrainExample(qid=f"q{rng.randint(0, n // 2)}", query="x", positive=("", "y"),
+                             positive_id=f"p{rng.randint(0, n // 3)}") for _ in range(n)]
+    for drop_last in (True, False):
+        sampler = UniqueBatchSampler(examples, batch_size=rng.randint(1, 8), seed=trial, drop_last=drop_last)
+        seen = []
+        for batch in sampler:
+            assert len({examples[i].qid for i in batch}) == len(batch)
+            assert len({examples[i].positive_id for i in batch}) == len(batch)
+            if drop_last:
+                assert len(batch) == sampler.batch_size
+            seen.extend(batch)
+        assert len(seen) == len(set(seen))
+        if not drop_last:
+            assert sorted(seen) == list(range(n))  # every example once per epoch
+
+
+def test_sampler_covers_all_and_reshuffles():
+    examples = make_examples(n=40, dup_every=2)  # pairs share a positive
+    sampler = UniqueBatchSampler(examples, batch_size=8, seed=1)
+    assert len(sampler) == 5
+    epoch0 = list(sampler)
+    assert sorted(i for b in epoch0 for i in b) == list(range(40))
+    assert sampler.state_dict()["epoch"] == 1
+    epoch1 = list(sampler)
+    assert sorted(i for b in epoch1 for i in b) == list(range(40))
+    assert epoch0 != epoch1
+
+
+def test_sampler_state_round_trip():
+    examples = make_examples(n=30)
+    a = UniqueBatchSampler(examples, batch_size=4, seed=3)
+    it = iter(a)
+    first = [next(it) for _ in range(3)]
+    state = a.state_dict()
+    rest_a = list(it) + list(a)  # rest of epoch 0, then epoch 1
+    b = UniqueBatchSampler(examples, batch_size=4, seed=3)
+    b.load_state_dict(state)
+    rest_b = list(b) + list(b)
+    assert rest_a == rest_b and len(first) == 3
+    with pytest.raises(ValueError):
+        UniqueBatchSampler(examples[:10], batch_size=4, seed=3).load_state_dict(state)
+
+
+# -- collator ---------------------------------------------------------------------------------
+
+def test_collator_shapes_and_single_padding(tokenizer):
+    examples = make_examples(n=5, pool=4)
+    coll = Collator(tokenizer, query_max_len=8, passage_max_len=16, hard_negatives=3, seed=0)
+    q, p, n, w = coll(examples)
+    assert q["input_ids"].shape[0] == 5 and p["input_ids"].shape[0] == 5
+    assert n["input_ids"].shape[0] == 15
+    assert q["input_ids"].shape[1] <= 8 and p["input_ids"].shape[1] <= 16
+    # padded once, to the longest in the batch (not to max_length)
+    lengths = [len(tokenizer(e.query, truncation=True, max_length=8)["input_ids"]) for e in examples]
+    assert q["input_ids"].shape[1] == max(lengths)
+    assert q["attention_mask"].sum(1).tolist() == lengths
+    assert torch.equal(w, torch.ones(5))
+    # passages are pairs: token_type_ids mark the text segment
+    assert p["token_type_ids"].max().item() == 1
+    q0, p0, n0, _ = Collator(tokenizer, hard_negatives=0)(examples)
+    assert n0 is None
+
+
+def test_collator_negative_draws_deterministic(tokenizer):
+    examples = make_examples(n=6, pool=5)
+    a = Collator(tokenizer, hard_negatives=2, seed=7)
+    b = Collator(tokenizer, hard_negatives=2, seed=7)
+    draws_a = [a.draw_negatives(examples) for _ in range(3)]
+    draws_b = [b.draw_negatives(examples) for _ in range(3)]
+    assert draws_a == draws_b
+    assert draws_a[0] != draws_a[1]  # a fresh draw each step
+    # question-major, from each question's own pool, no repeats within a question
+    for i, e in enumerate(examples):
+        mine = draws_a[0][2 * i: 2 * i + 2]
+        assert all(tuple(x) in {tuple(y) for y in e.negatives} for x in mine)
+        assert mine[0] != mine[1]
+    state = a.state_dict()
+    c = Collator(tokenizer, hard_negatives=2, seed=123)
+    c.load_state_dict(state)
+    assert c.draw_negatives(examples) == a.draw_negatives(examples)
+    with pytest.raises(ValueError):
+        Collator(tokenizer, hard_negatives=1)(make_examples(n=2, pool=0))
+
+
+def test_collator_skips_negatives_equal_to_a_batch_positive(tokenizer):
+    examples = make_examples(n=2, pool=1)
+    examples[0].negatives = [examples[1].positive, ("other", "passage text")]
+    coll = Collator(tokenizer, hard_negatives=1, seed=0)
+    for _ in range(10):
+        assert coll.draw_negatives(examples)[0] == ("other", "passage text")
+
+
+# -- trainer ----------------------------------------------------------------------------------
+
+def tiny_args(**kw):
+    base = dict(lr=1e-3, batch_size=4, max_steps=6, warmup_ratio=0.5, hard_negatives=1,
+                query_max_len=16, passage_max_len=24, seed=0, device="cpu")
+    base.update(kw)
+    return TrainerArgs(**base)
+
+
+def test_resume_continues_exactly(checkpoint, tmp_path):
+    examples = make_examples(n=12, pool=3)  # 3 batches an epoch: resume crosses an epoch boundary
+    args = tiny_args(max_steps=8, checkpoint_every=4, keep_checkpoints=3)
+
+    one = new_model(checkpoint, seed=1)
+    train_bi_encoder(one, InBatchSoftmaxLoss(one), examples, args, tmp_path / "one", progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_checkpoint(model):
+        if crash_after_checkpoint.calls == 4:  # evaluated at step 5: after the step-4 checkpoint
+            raise Crash
+        crash_after_checkpoint.calls += 1
+        return 0.0
+    crash_after_checkpoint.calls = 0
+
+    first = new_model(checkpoint, seed=1)  # same start as `one`
+    with pytest.raises(Crash):
+        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples, tiny_args(**{**vars(args), "eval_every": 1}),
+                         tmp_path / "two", dev_metric=crash_after_checkpoint, progress=False)
+    assert latest_checkpoint(tmp_path / "two").name == "step-0000004"
+
+    # "new process": a different fresh model object, new loss, new trainer call
+    second = new_model(checkpoint, seed=3)
+    result = train_bi_encoder(second, InBatchSoftmaxLoss(second), examples, args, tmp_path / "two", progress=False)
+    assert result["resumed_from"].endswith("step-0000004")
+    for (name, a), (_, b) in zip(one.state_dict().items(), second.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    hist_one = json.loads((tmp_path / "one" / "history.json").read_text())["history"]
+    assert [h["loss"] for h in hist_one] == pytest.approx([h["loss"] for h in result["history"]], abs=1e-6)
+    assert [p.name for p in (tmp_path / "one" / "checkpoints").iterdir()] != []
+
+
+def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path):
+    examples = make_examples(n=16, pool=2)
+    torch.manual_seed(0)
+    model = BiEncoder.from_pretrained(checkpoint, projection_dim=16, normalize=True, scale=20.0)
+    loss_fn = InBatchSoftmaxLoss(model)
+    coll = Collator(model.tokenizer, 16, 24, hard_negatives=0)
+    q, p, _, _ = coll(examples)
+
+    def full_loss():
+        model.eval()
+        with torch.no_grad():
+            return float(loss_fn(q, p))
+
+    before = full_loss()
+    args = tiny_args(max_steps=30, warmup_ratio=0.1, lr=2e-3, hard_negatives=1, checkpoint_every=10,
+                     keep_checkpoints=2)
+    result = train_bi_encoder(model, loss_fn, examples, args, tmp_path, progress=False)
+    after = full_loss()
+    assert after < before * 0.8, (before, after)
+    assert len(result["history"]) == 30 and result["best_step"] == 30
+    assert (tmp_path / "loss_curve.png").stat().st_size > 0
+    assert json.loads((tmp_path / "history.json").read_text())["history"][-1]["step"] == 30
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0000020", "step-0000030"]
+    assert (tmp_path / "best" / "bi_encoder_config.json").is_file()
+    assert result["pairs_per_second"] > 0
+    reloaded = BiEncoder.from_pretrained(tmp_path / "best")
+    for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_warmup_schedule(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    model = new_model(checkpoint)
+    args = tiny_args(max_steps=10, warmup_ratio=0.3, lr=1e-3, hard_negatives=0)
+    history = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path, progress=False)["history"]
+    lrs = [h["lr"] for h in history]
+    assert lrs[0] == 0.0  # step 0 of the warm-up
+    assert lrs[3] == pytest.approx(1e-3)  # peak after 3 warm-up steps
+    assert max(lrs) == pytest.approx(1e-3)
+    assert lrs[1] == pytest.approx(1e-3 / 3) and lrs[-1] == pytest.approx(1e-3 / 7)  # linear decay to 0
+
+
+def test_best_checkpoint_by_dev_metric(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    model = new_model(checkpoint)
+    scores = iter([0.1, 0.9, 0.3, 0.2])  # eval at steps 2, 4, 6 and 8 (the end)
+    snapshots = {}
+
+    def fake_metric(m):
+        assert not m.training
+        value = next(scores)
+        snapshots[value] = {k: v.clone() for k, v in m.state_dict().items()}
+        return value
+
+    args = tiny_args(max_steps=8, eval_every=2, hard_negatives=0)
+    result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path,
+                              dev_metric=fake_metric, progress=False)
+    assert result["best_step"] == 4 and result["best_metric"] == pytest.approx(0.9)
+    best = BiEncoder.from_pretrained(tmp_path / "best")
+    for k, v in best.state_dict().items():
+        assert torch.equal(v, snapshots[0.9][k]), k
+    assert (tmp_path / "final").is_dir()
+
+
+def test_weighted_examples(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    for e in examples[::2]:
+        e.weight = 0.25
+    model = new_model(checkpoint)
+    with pytest.raises(ValueError, match="weights"):
+        train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(max_steps=1), tmp_path / "a",
+                         progress=False)
+    result = train_bi_encoder(model, WeightedInBatchSoftmaxLoss(model), examples, tiny_args(max_steps=2),
+                              tmp_path / "b", progress=False)
+    assert len(result["history"]) == 2
+
+
+def test_gradient_checkpointing_and_separate_towers(checkpoint, tmp_path):
+    model = BiEncoder.from_pretrained(checkpoint, shared=False)
+    args = tiny_args(max_steps=2, gradient_checkpointing=True, hard_negatives=1)
+    result = train_bi_encoder(model, InBatchSoftmaxLoss(model), make_examples(n=8), args, tmp_path, progress=False)
+    assert model.query_encoder.is_activation_checkpointing
+    assert len(result["history"]) == 2
+
+
+def test_too_few_examples_for_a_batch(checkpoint, tmp_path):
+    model = new_model(checkpoint)
+    examples = make_examples(n=6, dup_every=6)  # all share one positive: no batch of 4 possible
+    with pytest.raises(ValueError, match="no full batch"):
+        train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(), tmp_path, progress=False)
