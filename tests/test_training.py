@@ -34,6 +34,15 @@ def tiny_bert(seed=0):
     return BertModel(cfg)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def flush_denormals():
+    """Tiny random BERTs produce subnormal floats that make CPU steps ~20x slower."""
+    previous = torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(False)
+    del previous
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tiny_bert_train")
@@ -213,8 +222,10 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
 
 def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path):
     examples = make_examples(n=16, pool=2)
+    for e in examples:  # a learnable task: the positive contains the query's words
+        e.positive = (e.positive[0], e.query + " " + e.positive[1])
     torch.manual_seed(0)
-    model = BiEncoder.from_pretrained(checkpoint, projection_dim=16, normalize=True, scale=20.0)
+    model = BiEncoder.from_pretrained(checkpoint, pooling="mean", normalize=True, scale=20.0)
     loss_fn = InBatchSoftmaxLoss(model)
     coll = Collator(model.tokenizer, 16, 24, hard_negatives=0)
     q, p, _, _ = coll(examples)
@@ -229,7 +240,7 @@ def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path):
                      keep_checkpoints=2)
     result = train_bi_encoder(model, loss_fn, examples, args, tmp_path, progress=False)
     after = full_loss()
-    assert after < before * 0.8, (before, after)
+    assert after < before * 0.5, (before, after)
     assert len(result["history"]) == 30 and result["best_step"] == 30
     assert (tmp_path / "loss_curve.png").stat().st_size > 0
     assert json.loads((tmp_path / "history.json").read_text())["history"][-1]["step"] == 30
