@@ -3,7 +3,6 @@ search; then the BM25+dense hybrid. Declared here, run by tasks/stages.py's mach
 from __future__ import annotations
 
 import logging
-import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +10,7 @@ import pyarrow as pa
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.config import DenseSystemConfig, PipelineConfig
+from tasks.training.examples import training_examples
 
 logger = logging.getLogger("passage_forge")
 
@@ -56,45 +56,11 @@ def _encode(cfg: PipelineConfig, model, texts, side: str):
 
 
 # ---------------------------------------------------------------- train
-def training_examples(cfg: PipelineConfig, system: DenseSystemConfig, questions: pa.Table, passages: pa.Table,
-                      gold: pa.Table, bm25_runs: pa.Table) -> list:
-    """Train-split questions with a gold passage; negatives: BM25 passages without an answer
-    (paper 003 section 4.1, "BM25 filtered by answer"), the top M per question."""
-    from tasks.evaluation.has_answer import has_answer
-    from tasks.training.data import TrainExample
-
-    train = system.train
-    by_pid = {p["pid"]: (p["title"], p["text"]) for p in passages.select(["pid", "title", "text"]).to_pylist()}
-    gold_of: dict[str, str] = {}
-    for qid, pid in zip(gold.column("qid").to_pylist(), gold.column("pid").to_pylist()):
-        gold_of.setdefault(qid, pid)
-    ranked: dict[str, list[str]] = {}
-    for qid, pid in zip(bm25_runs.column("qid").to_pylist(), bm25_runs.column("pid").to_pylist()):
-        ranked.setdefault(qid, []).append(pid)
-    examples = []
-    for q in questions.filter(pa.compute.equal(questions.column("split"), "train")).to_pylist():
-        positive = gold_of.get(q["qid"])
-        if positive is None:
-            continue
-        negatives = [by_pid[p] for p in ranked.get(q["qid"], [])
-                     if p != positive and not has_answer(q["answers"], by_pid[p][1])][: train.negative_pool]
-        if train.hard_negatives and not negatives:
-            continue
-        examples.append(TrainExample(qid=q["qid"], query=q["question"], positive=by_pid[positive],
-                                     positive_id=positive, negatives=negatives))
-    if train.max_questions is not None and len(examples) > train.max_questions:
-        examples = random.Random(train.seed).sample(examples, train.max_questions)
-    if len(examples) < train.batch_size:
-        raise ValueError(f"only {len(examples)} training questions for system {system.name!r} "
-                         f"(batch size {train.batch_size}): check the train split")
-    return examples
-
-
 def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
     from models.losses import BidirectionalSoftmaxLoss, InBatchSoftmaxLoss
     from tasks.training.trainer import TrainerArgs, train_bi_encoder
 
-    examples = training_examples(cfg, system, inputs["ingest_questions"].read_table("questions"),
+    examples = training_examples(system.train, inputs["ingest_questions"].read_table("questions"),
                                  inputs["chunk"].read_table(columns=["pid", "title", "text"]),
                                  inputs["link_gold"].read_table(), inputs["bm25_search"].read_table())
     t = system.train
