@@ -7,7 +7,7 @@ from tasks.config import ConfigError, load_config
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus"])
+@pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus", "squad-open-dense"])
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIGS / f"{name}.yaml")
     assert cfg.name == name

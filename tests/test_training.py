@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
 
 from models import BiEncoder, BiEncoderConfig, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
+from tests.test_models import VOCAB, WORDS, tiny_bert  # noqa: E402
 from tasks.training import (  # noqa: E402
     Collator,
     TrainerArgs,
@@ -21,18 +22,6 @@ from tasks.training import (  # noqa: E402
     latest_checkpoint,
     train_bi_encoder,
 )
-
-WORDS = ("the of what is who capital france paris city river title passage text "
-         "where does flow through seine largest").split()
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [chr(c) for c in range(97, 123)]
-
-
-def tiny_bert(seed=0):
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    return BertModel(cfg)
-
 
 @pytest.fixture(autouse=True, scope="module")
 def flush_denormals():
