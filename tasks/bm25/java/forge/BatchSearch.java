@@ -7,6 +7,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -19,7 +20,6 @@ import org.apache.lucene.index.LeafReaderContext;
 import org.apache.lucene.search.IndexSearcher;
 import org.apache.lucene.search.Query;
 import org.apache.lucene.search.ScoreDoc;
-import org.apache.lucene.search.TopDocs;
 import org.apache.lucene.search.similarities.BM25Similarity;
 import org.apache.lucene.store.FSDirectory;
 
@@ -28,7 +28,7 @@ import org.apache.lucene.store.FSDirectory;
  *
  * Same analyzer and bag-of-words query as Anserini's SearchCollection (loaded by reflection so this
  * compiles against Lucene alone), but hit ids come from the "id" doc values loaded once into an
- * array, instead of reading stored fields for every hit; ties keep Lucene's docid order.
+ * array, instead of reading stored fields for every hit; ties go to the smaller external id.
  * Topics: "position TAB text" lines. Output: "position Q0 id rank score forge" lines, topic order.
  */
 public final class BatchSearch {
@@ -56,10 +56,13 @@ public final class BatchSearch {
         for (String[] q : queries) {
           results.add(pool.submit(() -> {
             Query query = (Query) buildQuery.invoke(generator, "contents", analyzer, q[1]);
-            TopDocs top = searcher.search(query, k);
-            StringBuilder sb = new StringBuilder(top.scoreDocs.length * 40);
+            ScoreDoc[] hits = searcher.search(query, k).scoreDocs;
+            // Equal scores: ascending external id, as Anserini breaks ties (internal docids depend
+            // on indexing thread order, so they would make runs differ between index builds).
+            Arrays.sort(hits, (x, y) -> x.score != y.score ? Float.compare(y.score, x.score) : ids[x.doc].compareTo(ids[y.doc]));
+            StringBuilder sb = new StringBuilder(hits.length * 40);
             int rank = 1;
-            for (ScoreDoc hit : top.scoreDocs) {
+            for (ScoreDoc hit : hits) {
               sb.append(q[0]).append(" Q0 ").append(ids[hit.doc]).append(' ').append(rank++)
                   .append(' ').append(hit.score).append(" forge\n");
             }
