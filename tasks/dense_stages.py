@@ -57,6 +57,7 @@ def _encode(cfg: PipelineConfig, model, texts, side: str):
 
 # ---------------------------------------------------------------- train
 def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    from models.export import export_bi_encoder
     from models.losses import BidirectionalSoftmaxLoss, InBatchSoftmaxLoss
     from tasks.training.trainer import TrainerArgs, train_bi_encoder
 
@@ -73,16 +74,10 @@ def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str
     logger.info("train %s: %d questions, loss %s, batch %d", system.name, len(examples), t.loss, t.batch_size)
     result = train_bi_encoder(model, loss, examples, args, out / "training", progress=False)
     model.save_pretrained(out / "model")
-    try:
-        from models.export import export_bi_encoder
-
-        export_bi_encoder(model, out / "export")
-    except ImportError:  # pragma: no cover - export module optional until it lands
-        logger.warning("models.export is missing: no sentence-transformers export written")
-    history = result.get("history", []) if isinstance(result, dict) else []
+    export_bi_encoder(model, out / "export")
+    history = result["history"]
     return {"stats": {"examples": len(examples), "steps": len(history),
-                      "final_loss": history[-1]["loss"] if history else None,
-                      "seconds": result.get("seconds") if isinstance(result, dict) else None}}
+                      "final_loss": history[-1]["loss"] if history else None, "seconds": result["seconds"]}}
 
 
 # ---------------------------------------------------------------- encode, index, search
@@ -129,7 +124,8 @@ def build_hybrid(cfg: PipelineConfig, inputs: dict[str, Artifact], out: Path) ->
 
     h = cfg.dense.hybrid
     questions = inputs["ingest_questions"].read_table("questions")
-    passage_text = dict(zip(*[inputs["chunk"].read_table(columns=["pid", "text"]).column(c).to_pylist() for c in ("pid", "text")]))
+    passages = inputs["chunk"].read_table(columns=["pid", "text"])
+    passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
     bm25, dense = inputs["bm25_search"].read_table(), inputs[f"search:{h.system}"].read_table()
     tune = questions.filter(pa.compute.equal(questions.column("split"), h.tune_split))
     if tune.num_rows == 0:

@@ -18,6 +18,16 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="module")
+def flush_denormals():
+    """Tiny random BERTs produce subnormal floats that make CPU steps ~20x slower."""
+    import torch
+
+    torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

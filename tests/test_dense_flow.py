@@ -12,12 +12,7 @@ from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, HybridConfig, load_config
 
 
-@pytest.fixture(autouse=True)
-def flush_denormals():
-    # Tiny random BERTs produce subnormal floats that make CPU steps ~20x slower.
-    previous = torch.set_flush_denormal(True)
-    yield
-    torch.set_flush_denormal(False if previous else False)
+pytestmark = pytest.mark.usefixtures("flush_denormals")
 
 
 @pytest.fixture(scope="module")

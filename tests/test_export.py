@@ -14,7 +14,7 @@ from transformers import AutoModel, AutoTokenizer, BertTokenizerFast  # noqa: E4
 
 from models import BiEncoder, BiEncoderConfig, pool  # noqa: E402
 from models.export import export_bi_encoder, export_encoder  # noqa: E402
-from tests.test_models import VOCAB, tiny_bert  # noqa: E402
+from tests.test_models import save_tiny_checkpoint, tiny_bert  # noqa: E402
 
 QUERIES = ["what is the capital of france", "where does the seine flow", "who"]
 PASSAGES = ["paris is the capital city of france", "the river seine flow through paris",
@@ -23,10 +23,7 @@ PASSAGES = ["paris is the capital city of france", "the river seine flow through
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
-    tiny_bert().save_pretrained(d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast.from_pretrained(str(d))
+    return BertTokenizerFast.from_pretrained(str(save_tiny_checkpoint(tmp_path_factory.mktemp("tok"))))
 
 
 def make(tokenizer, shared, pooling, projection_dim, normalize):

@@ -35,15 +35,18 @@ def tiny_bert(seed=0):
     return BertModel(cfg).eval()
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def save_tiny_checkpoint(d: Path) -> Path:
     """A tiny BertModel and a WordPiece tokenizer saved as a local checkpoint folder."""
-    d = tmp_path_factory.mktemp("tiny_bert")
     tiny_bert().save_pretrained(d)
     (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     # transformers 5 ignores BertTokenizer(vocab_file=...); load the folder instead
     BertTokenizerFast.from_pretrained(str(d)).save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
+from transformers import BertTokenizerFast  # noqa: E402
 
 from models import BiEncoder, BiEncoderConfig, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
-from tests.test_models import VOCAB, WORDS, tiny_bert  # noqa: E402
+from tests.test_models import WORDS, save_tiny_checkpoint  # noqa: E402
 from tasks.training import (  # noqa: E402
     Collator,
     TrainerArgs,
@@ -23,22 +23,12 @@ from tasks.training import (  # noqa: E402
     train_bi_encoder,
 )
 
-@pytest.fixture(autouse=True, scope="module")
-def flush_denormals():
-    """Tiny random BERTs produce subnormal floats that make CPU steps ~20x slower."""
-    previous = torch.set_flush_denormal(True)
-    yield
-    torch.set_flush_denormal(False)
-    del previous
+pytestmark = pytest.mark.usefixtures("flush_denormals")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tiny_bert_train")
-    tiny_bert().save_pretrained(d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    BertTokenizerFast.from_pretrained(str(d)).save_pretrained(d)
-    return d
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_bert_train"))
 
 
 @pytest.fixture(scope="module")
