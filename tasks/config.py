@@ -96,6 +96,14 @@ class DenseTrainConfig(_Strict):
     max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many train-split questions")
     bf16: Literal["auto", "on", "off"] = "auto"
     seed: int = 42
+    # Checkpoint selection on dev (paper 000 section 4: "dev set results to select the final
+    # checkpoint"; paper 003 section 5: recall@1 on dev for early stopping).
+    select_on_dev: bool = Field(True, description="keep the best of the base model and the evaluated steps by dev top-k accuracy")
+    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations (always at the start and the end)")
+    dev_split: str = Field("dev", description="questions that pick the checkpoint")
+    dev_k: int = Field(1, ge=1, description="dev metric: share of questions with a gold passage in the top k")
+    dev_distractors: int = Field(0, ge=0, description="random passages added to the dev articles' passages as the dev pool")
+    dev_max_questions: Optional[int] = Field(None, ge=1, description="evaluate on at most this many dev questions")
 
 
 class DenseSystemConfig(_Strict):
@@ -125,7 +133,9 @@ class FaissConfig(_Strict):
 class HybridConfig(_Strict):
     system: str = Field(..., description="the dense system fused with BM25 (papers 000 and 003)")
     tune_split: str = Field("dev", description="split on which the BM25 weight is chosen")
-    tune_k: int = Field(20, description="top-k accuracy maximised when choosing the weight")
+    tune_k: int = Field(20, ge=1, description="cut-off of the metric maximised when choosing the weight")
+    tune_metric: Literal["auto", "accuracy", "ndcg"] = Field(
+        "auto", description="top-k answer accuracy, or nDCG@k on the gold qrels; 'auto': accuracy when questions carry answers")
 
 
 class DenseConfig(_Strict):
@@ -158,13 +168,44 @@ class ConfigError(ValueError):
     pass
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a YAML config; errors name the file and the offending field."""
-    path = Path(path)
+def merge_config(base: dict, override: dict) -> dict:
+    """Mappings merge key by key; anything else (lists included, e.g. dense.systems) replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = merge_config(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def _read_yaml(path: Path) -> dict:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a config is a mapping, not {type(raw).__name__}")
+    return raw
+
+
+def _resolved_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The YAML of `path` merged over the config it `extends:` (a path relative to it), recursively."""
+    raw = _read_yaml(path)
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected a config path, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise ConfigError(f"{path}: extends: {base} makes a cycle")
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: extends: no config file {base_path}")
+    return merge_config(_resolved_raw(base_path, (*seen, path.resolve())), raw)
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML config (after `extends:`); errors name the file and the offending field."""
+    path = Path(path)
+    raw = _resolved_raw(path)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:

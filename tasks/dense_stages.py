@@ -56,7 +56,31 @@ def _encode(cfg: PipelineConfig, model, texts, side: str):
 
 
 # ---------------------------------------------------------------- train
+def _dev_metric(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact]):
+    from tasks.dense.encode import encode_texts
+    from tasks.training.dev_metric import dev_pool, make_dev_metric
+
+    t, enc = system.train, cfg.dense.encode
+    qids, queries, pool, gold_idx = dev_pool(
+        inputs["ingest_questions"].read_table("questions"),
+        inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
+        inputs["link_gold"].read_table(), t.dev_split, t.dev_distractors, t.dev_max_questions, t.seed)
+    device = _device(cfg)
+
+    def encode(model, texts, side):
+        fn = model.encode_passage if side == "passage" else model.encode_query
+        return encode_texts(texts, model.tokenizer, fn, batch_size=enc.batch_size, device=device,
+                            max_length=enc.passage_max_len if side == "passage" else enc.query_max_len)
+
+    logger.info("train %s: dev metric top-%d over %d %s questions and %d passages",
+                system.name, t.dev_k, len(qids), t.dev_split, len(pool))
+    return make_dev_metric(qids, queries, pool, gold_idx, t.dev_k, encode)
+
+
 def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    import shutil
+
+    from models import BiEncoder
     from models.export import export_bi_encoder
     from models.losses import BidirectionalSoftmaxLoss, InBatchSoftmaxLoss
     from tasks.training.trainer import TrainerArgs, train_bi_encoder
@@ -70,14 +94,24 @@ def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str
     args = TrainerArgs(lr=t.lr, batch_size=t.batch_size, epochs=t.epochs, max_steps=t.max_steps,
                        warmup_ratio=t.warmup_ratio, hard_negatives=t.hard_negatives,
                        query_max_len=t.query_max_len, passage_max_len=t.passage_max_len, seed=t.seed,
-                       bf16={"auto": "auto", "on": True, "off": False}[t.bf16], device=_device(cfg))
+                       bf16={"auto": "auto", "on": True, "off": False}[t.bf16], device=_device(cfg),
+                       eval_every=t.eval_every, eval_at_start=t.select_on_dev)
+    dev_metric = _dev_metric(cfg, system, inputs) if t.select_on_dev else None
     logger.info("train %s: %d questions, loss %s, batch %d", system.name, len(examples), t.loss, t.batch_size)
-    result = train_bi_encoder(model, loss, examples, args, out / "training", progress=False)
+    result = train_bi_encoder(model, loss, examples, args, out / "training", dev_metric=dev_metric, progress=False)
+    if result["best_step"] != len(result["history"]):
+        logger.info("train %s: keeping step %s (dev metric %.4f), not the last step", system.name,
+                    result["best_step"], result["best_metric"])
+        model = BiEncoder.from_pretrained(out / "training" / "best")
     model.save_pretrained(out / "model")
     export_bi_encoder(model, out / "export")
+    for copy in ("best", "final"):  # model/ holds the chosen weights; history and curve stay
+        shutil.rmtree(out / "training" / copy, ignore_errors=True)
     history = result["history"]
-    return {"stats": {"examples": len(examples), "steps": len(history),
-                      "final_loss": history[-1]["loss"] if history else None, "seconds": result["seconds"]}}
+    return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
+                      "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
+                      "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
+                      "seconds": result["seconds"]}}
 
 
 # ---------------------------------------------------------------- encode, index, search
@@ -119,8 +153,7 @@ def build_search(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[st
 
 # ---------------------------------------------------------------- hybrid
 def build_hybrid(cfg: PipelineConfig, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense.hybrid import choose_weight, linear_fusion
-    from tasks.evaluation.qa_metrics import first_hit_ranks
+    from tasks.dense.hybrid import choose_weight, linear_fusion, tune_scorer
 
     h = cfg.dense.hybrid
     questions = inputs["ingest_questions"].read_table("questions")
@@ -131,15 +164,14 @@ def build_hybrid(cfg: PipelineConfig, inputs: dict[str, Artifact], out: Path) ->
     if tune.num_rows == 0:
         raise ValueError(f"hybrid: no questions in split {h.tune_split!r} to choose the BM25 weight on")
     tune_ids = tune.column("qid")
-
-    def top_k_accuracy(run: pa.Table) -> float:
-        ranks = first_hit_ranks(run, passage_text, tune, cfg.evaluation.match_type, h.tune_k).column("first_hit_rank")
-        return sum(1 for r in ranks.to_pylist() if r is not None and r <= h.tune_k) / max(len(ranks), 1)
+    metric, score_fn = tune_scorer(h.tune_metric, tune, passage_text, inputs["link_gold"].read_table(),
+                                   h.tune_k, cfg.evaluation.match_type)
 
     def on_tune(run: pa.Table) -> pa.Table:
         return run.filter(pa.compute.is_in(run.column("qid"), value_set=tune_ids))
 
-    weight, scores = choose_weight(on_tune(bm25), on_tune(dense), top_k_accuracy, k=cfg.bm25.k)
-    logger.info("hybrid: BM25 weight %.2f chosen on %s (top-%d accuracy %.4f)", weight, h.tune_split, h.tune_k, scores[weight])
+    weight, scores = choose_weight(on_tune(bm25), on_tune(dense), score_fn, k=cfg.bm25.k)
+    logger.info("hybrid: BM25 weight %.2f chosen on %s (%s %.4f)", weight, h.tune_split, metric, scores[weight])
     write_table(out, linear_fusion(bm25, dense, weight, k=cfg.bm25.k, system=f"hybrid({h.system})"))
-    return {"stats": {"weight": weight, "tune_split": h.tune_split, "tune_scores": {str(k): v for k, v in scores.items()}}}
+    return {"stats": {"weight": weight, "tune_split": h.tune_split, "tune_metric": metric,
+                      "tune_scores": {str(k): v for k, v in scores.items()}}}

@@ -284,7 +284,7 @@ def _dense_stages(cfg: PipelineConfig) -> list[Stage]:
         model = {"system": n, "model": system.model.model_dump(), "train": system.train.model_dump() if system.train else None}
         trained = (f"train:{n}",) if system.train else ()
         if system.train:
-            stages.append(Stage(f"train:{n}", "dense_model", "1", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
+            stages.append(Stage(f"train:{n}", "dense_model", "2", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
                                 lambda c, m=model: {**m, "device": c.dense.encode.device}, partial(_with_system, d.build_train, system)))
         encode = lambda c, m=model: {**m, "encode": c.dense.encode.model_dump(exclude={"device"})}  # noqa: E731
         stages.append(Stage(f"encode:{n}", "embeddings", "1", ("chunk", *trained), encode, partial(_with_system, d.build_encode, system)))
@@ -294,7 +294,8 @@ def _dense_stages(cfg: PipelineConfig) -> list[Stage]:
                             lambda c, e=encode: {**e(c), "k": c.bm25.k}, partial(_with_system, d.build_search, system),
                             produces_runs=True))
     if cfg.dense.hybrid:
-        stages.append(Stage("hybrid", "hybrid_runs", "1", ("ingest_questions", "chunk", "bm25_search", f"search:{cfg.dense.hybrid.system}"),
+        stages.append(Stage("hybrid", "hybrid_runs", "2", ("ingest_questions", "chunk", "link_gold", "bm25_search",
+                                                           f"search:{cfg.dense.hybrid.system}"),
                             lambda c: {**c.dense.hybrid.model_dump(), "k": c.bm25.k, "match_type": c.evaluation.match_type},
                             d.build_hybrid, produces_runs=True))
     return stages

@@ -7,7 +7,8 @@ from tasks.config import ConfigError, load_config
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus", "squad-open-dense"])
+@pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus", "nfcorpus-dense", "bm25", "zero-shot", "dpr",
+                                  "bidirectional", "paper-scale"])
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIGS / f"{name}.yaml")
     assert cfg.name == name
@@ -32,3 +33,40 @@ def test_bad_config_names_file_and_field(tmp_path):
     broken.write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match="broken.yaml"):
         load_config(broken)
+
+
+def test_recipes_extend_the_default_and_follow_their_papers():
+    default = load_config(CONFIGS / "squad-open.yaml")
+    assert [s.name for s in default.dense.systems] == ["zero-shot", "minilm-dpr"] and default.dense.hybrid
+    assert load_config(CONFIGS / "bm25.yaml").dense is None
+    dpr = load_config(CONFIGS / "dpr.yaml")
+    assert dpr.data == default.data and dpr.split == default.split  # inherited, not copied
+    (system,) = dpr.dense.systems
+    assert (system.model.shared, system.model.pooling, system.train.loss, system.train.hard_negatives) == (False, "cls", "dpr", 1)
+    (bidi,) = load_config(CONFIGS / "bidirectional.yaml").dense.systems
+    assert (bidi.model.shared, bidi.model.pooling, bidi.model.projection_dim, bidi.train.loss) == (True, "cls", 384, "bidirectional")
+    paper = {s.name: s.train for s in load_config(CONFIGS / "paper-scale.yaml").dense.systems if s.train}
+    assert {(t.batch_size, t.epochs, t.lr) for t in paper.values()} == {(128, 40, 3e-5)}
+
+
+def test_extends_merges_mappings_and_replaces_lists(tmp_path):
+    (tmp_path / "base.yaml").write_text(
+        "name: base\ndata: {squad: {path: a.json}}\nbm25: {k1: 1.2, k: 50}\nevaluation: {ks: [1, 5, 20]}\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nname: child\nbm25: {k: 10}\nevaluation: {ks: [3]}\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg.name, cfg.bm25.k1, cfg.bm25.k, cfg.evaluation.ks) == ("child", 1.2, 10, [3])
+    assert cfg.data.squad.path == "a.json"
+
+
+@pytest.mark.parametrize("files, load, error", [
+    ({"a.yaml": "extends: b.yaml\nname: a\n", "b.yaml": "extends: a.yaml\nname: b\n"}, "a.yaml",
+     r"b\.yaml: extends: a\.yaml makes a cycle"),
+    ({"c.yaml": "extends: missing.yaml\n"}, "c.yaml", r"c\.yaml: extends: no config file .*missing\.yaml"),
+    ({"c.yaml": "extends: 3\n", "d.yaml": "extends: c.yaml\n"}, "d.yaml", r"c\.yaml: extends: expected a config path"),
+    ({"e.yaml": "- a list\n"}, "e.yaml", r"e\.yaml: a config is a mapping"),
+])
+def test_extends_errors_name_the_file(tmp_path, files, load, error):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        load_config(tmp_path / load)

@@ -39,7 +39,11 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     dense = DenseConfig(
         systems=[DenseSystemConfig(name="random", model=model),
                  DenseSystemConfig(name="trained", model=model,
-                                   train=DenseTrainConfig(loss="dpr", batch_size=8, epochs=3, lr=3e-4,
+                                   train=DenseTrainConfig(loss="dpr", batch_size=8, epochs=3, lr=3e-4, select_on_dev=False,
+                                                          hard_negatives=1, passage_max_len=160, seed=1)),
+                 # A learning rate that wrecks the encoder: choosing on dev must keep the base model.
+                 DenseSystemConfig(name="wrecked", model=model,
+                                   train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=4, lr=0.5, eval_every=2,
                                                           hard_negatives=1, passage_max_len=160, seed=1))],
         hybrid=HybridConfig(system="trained", tune_split="dev", tune_k=5))
     cfg = cfg.model_copy(update={"dense": dense})
@@ -53,6 +57,12 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     # quality is the benchmarks' job, with MiniLM.
     for k in (5, 10, 20):
         assert _metric(store, "trained", "top_k_accuracy", k, "train") > 1.5 * _metric(store, "random", "top_k_accuracy", k, "train")
+    wrecked = store.get("dense_model", versions["train:wrecked"]).manifest["stats"]
+    assert [step for step, _ in wrecked["dev_curve"]] == [0, 2, 4]
+    assert wrecked["best_step"] == 0 and wrecked["best_dev_metric"] == max(m for _, m in wrecked["dev_curve"])
+    assert not (store.get("dense_model", versions["train:wrecked"]).path / "training" / "best").exists()
+    for k in (1, 5, 20):
+        assert _metric(store, "wrecked", "top_k_accuracy", k) == _metric(store, "random", "top_k_accuracy", k)
     hybrid = _metric(store, "hybrid(trained)", "top_k_accuracy", 20)
     # The weight is tuned on dev; with a weak tiny encoder BM25 carries the fusion past it.
     assert hybrid > _metric(store, "trained", "top_k_accuracy", 20)

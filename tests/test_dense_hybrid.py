@@ -83,3 +83,25 @@ def test_rrf_by_hand():
     assert [p for (_, p), _ in sorted(got.items(), key=lambda x: x[1][0])] == ["a", "c", "b", "d"]
     assert set(out["system"].to_pylist()) == {"rrf"} and out.schema.equals(RUNS)
     assert reciprocal_rank_fusion([r1, r2], k=2).num_rows == 2
+
+
+def _questions(qids, answers):
+    return pa.table({"qid": qids, "question": ["?"] * len(qids), "answers": answers, "split": ["dev"] * len(qids)})
+
+
+def test_tune_scorer_uses_ndcg_without_answers_and_accuracy_with_them():
+    from tasks.dense.hybrid import tune_scorer
+
+    gold = pa.table({"qid": ["q1", "q1", "q2"], "pid": ["c", "d", "x"], "relevance": [2, 1, 1]})
+    name, score = tune_scorer("auto", _questions(["q1", "q2"], [[], []]), {}, gold, k=2)
+    assert name == "ndcg@2"
+    # q1 ranks c, d at 1, 2 (ideal: 2, 1): nDCG 1. q2 ranks y, x: DCG 1/log2(3), ideal 1.
+    assert score(DENSE) == pytest.approx((1.0 + 1 / 1.584962500721156) / 2)
+    # BM25 ranks a, b for q1 (no gain) and x first for q2.
+    assert score(BM25) == pytest.approx(0.5)
+
+    text = {"a": "the answer is paris", "b": "no", "c": "no", "d": "paris", "x": "rome", "y": "no"}
+    name, score = tune_scorer("auto", _questions(["q1", "q2"], [["paris"], ["rome"]]), text, gold, k=1)
+    assert name == "accuracy@1" and score(BM25) == 1.0 and score(DENSE) == 0.0
+    with pytest.raises(ValueError, match="no gold judgements"):
+        tune_scorer("ndcg", _questions(["q9"], [[]]), {}, gold, k=10)

@@ -265,6 +265,22 @@ def test_best_checkpoint_by_dev_metric(checkpoint, tmp_path):
     assert (tmp_path / "final").is_dir()
 
 
+def test_dev_metric_at_start_keeps_the_base_model_when_training_hurts(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    model = new_model(checkpoint)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    scores = iter([0.5, 0.4, 0.3])  # step 0 (the base), 2, 4 (the end)
+    args = tiny_args(max_steps=4, eval_every=2, hard_negatives=0, eval_at_start=True)
+    result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path,
+                              dev_metric=lambda m: next(scores), progress=False)
+    assert result["best_step"] == 0 and result["start_metric"] == pytest.approx(0.5)
+    assert result["dev_curve"] == [(0, 0.5), (2, 0.4), (4, 0.3)]
+    best = BiEncoder.from_pretrained(tmp_path / "best")
+    for k, v in best.state_dict().items():
+        assert torch.equal(v, start[k]), k
+    assert not all(torch.equal(v, start[k]) for k, v in model.state_dict().items())
+
+
 def test_weighted_examples(checkpoint, tmp_path):
     examples = make_examples(n=8)
     for e in examples[::2]:

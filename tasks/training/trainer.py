@@ -52,6 +52,7 @@ class TrainerArgs:
     gradient_checkpointing: bool = False
     checkpoint_every: int | None = None  # steps
     eval_every: int | None = None  # steps; needs dev_metric
+    eval_at_start: bool = False  # score the untrained model too: step 0 can win if training hurts
     keep_checkpoints: int = 2
     device: str = "auto"
 
@@ -211,7 +212,8 @@ def train_bi_encoder(
 ) -> dict:
     """Train `model` with `loss_fn` (a module built around `model`) on `examples`.
 
-    Returns {history: [{step, loss, lr}], best_step, best_metric, seconds, pairs_per_second,
+    Returns {history: [{step, loss, lr}], best_step, best_metric, start_metric,
+    dev_curve: [(step, metric)] of this run's evaluations, seconds, pairs_per_second,
     total_steps, resumed_from}. `lr` is the rate used for that step's update. Higher dev_metric is
     better. out_dir gets checkpoints/, best/ (best model; the final one without dev_metric),
     final/, history.json and loss_curve.png.
@@ -290,6 +292,7 @@ def train_bi_encoder(
             shutil.rmtree(old, ignore_errors=True)
 
     last_eval: list[int] = []
+    dev_curve: list[tuple[int, float]] = []
 
     def evaluate() -> None:
         nonlocal best_step, best_metric
@@ -304,11 +307,17 @@ def train_bi_encoder(
             model.train(was_training)
             set_rng_states(saved_rng)
         log.info("step %d dev metric %.5f", step, metric)
+        dev_curve.append((step, metric))
         if history and history[-1]["step"] == step:
             history[-1]["dev_metric"] = metric
         if best_metric is None or metric > best_metric:
             best_metric, best_step = metric, step
             _atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
+
+    start_metric = None
+    if dev_metric is not None and args.eval_at_start and step == 0:
+        evaluate()
+        start_metric = best_metric
 
     autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     model.train()
@@ -360,6 +369,8 @@ def train_bi_encoder(
         "history": history,
         "best_step": best_step,
         "best_metric": best_metric,
+        "start_metric": start_metric,
+        "dev_curve": dev_curve,
         "seconds": seconds,
         "pairs_per_second": steps_run * args.batch_size / seconds if seconds > 0 and steps_run else 0.0,
         "total_steps": total_steps,
