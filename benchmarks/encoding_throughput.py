@@ -24,7 +24,8 @@ count) and pad per batch. Times are end to end: strings in, a float32 numpy matr
 best is reported.
 
 Rows: ST fp32, ours fp32 (length-sorted), ours bf16 autocast, ours fp32 at --short-length (128)
-tokens. On CPU the bf16 row encodes only the first --bf16-limit passages (default 64: CPUs without
+tokens, and on CPU ours with dynamic int8 quantisation of the Linear layers (models.quantization).
+On CPU the bf16 row encodes only the first --bf16-limit passages (default 64: CPUs without
 AMX / avx512_bf16 emulate bf16 matmuls, ~10x slower than fp32), compared with our fp32 vectors of
 the same passages. Agreement of bf16 (and 128 tokens) with our fp32: mean / min cosine of the passage
 vectors, the mean overlap of the top-20 passage sets for the questions (queries encoded the same
@@ -82,13 +83,14 @@ def load_inputs(args) -> tuple[list[str], list[str], list[str], list[list[str]],
     if bool(args.passages) != bool(args.questions):
         raise SystemExit("give both --passages and --questions, or neither (SQuAD fallback)")
     if args.passages:
-        passages = pq.read_table(args.passages, columns=["pid", "title", "text"]).slice(0, args.limit)
-        questions = pq.read_table(args.questions, columns=["qid", "question", "answers"]).slice(
-            0, args.num_questions)
+        passages = pq.read_table(args.passages, columns=["pid", "title", "text"])
+        questions = pq.read_table(args.questions, columns=["qid", "question", "answers"])
+        passages = passages.slice(0, args.limit or passages.num_rows)
+        questions = questions.slice(0, args.num_questions or questions.num_rows)
         source = f"{args.passages} + {args.questions}"
     else:
         passages, questions, q_pids = squad_paragraphs(Path(args.squad))
-        passages = passages.slice(0, args.limit)
+        passages = passages.slice(0, args.limit or passages.num_rows)
         kept = set(passages.column("pid").to_pylist())
         rows = [i for i, pid in enumerate(q_pids) if pid in kept]
         step = max(1, len(rows) // max(1, args.num_questions))  # spread over the passages
@@ -163,8 +165,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--passages")
     ap.add_argument("--questions")
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
-    ap.add_argument("--limit", type=int, default=1000, help="passages to encode")
-    ap.add_argument("--num-questions", type=int, default=200)
+    ap.add_argument("--limit", type=int, default=1000, help="passages to encode (0: all)")
+    ap.add_argument("--num-questions", type=int, default=200, help="questions (0: all)")
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--max-length", type=int, default=256)
@@ -197,9 +199,9 @@ def main(argv=None) -> dict:
     def run_st(texts):
         return st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
 
-    def run_ours(max_length, bf16):
+    def run_ours(max_length, bf16, model=ours):
         def fn(texts):
-            return encode_texts(texts, tok, ours.encode_passage, batch_size=args.batch_size,
+            return encode_texts(texts, tok, model.encode_passage, batch_size=args.batch_size,
                                 max_length=max_length, device=device, autocast_bf16=bf16)
         return fn
 
@@ -211,6 +213,11 @@ def main(argv=None) -> dict:
         ("ours bf16 autocast", run_ours(args.max_length, True), args.max_length, bf16_n),
         (f"ours fp32, {args.short_length} tokens", run_ours(args.short_length, False), args.short_length, n),
     ]
+    if device == "cpu":
+        from models.quantization import quantize_dynamic_int8
+
+        configs.append(("ours int8 dynamic (Linear layers)", run_ours(args.max_length, False, quantize_dynamic_int8(ours)),
+                        args.max_length, n))
     n_tokens = np.array([len(x) for x in tok(strings, truncation=True, max_length=args.max_length)["input_ids"]])
     rows = []
     for name, fn, max_len, m in configs:

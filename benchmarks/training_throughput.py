@@ -10,7 +10,8 @@ ours: normalize=True, similarity_scale=20), the in-batch softmax over the B posi
 (lr 2e-5), and the same (question, paragraph) pairs from SQuAD (--squad). A step is: tokenise the
 questions (truncated to --query-length) and passages ("title. text", truncated to
 --passage-length, padded per batch), forward, loss, backward, optimizer step, zero_grad. Each
-system runs --warmup untimed steps then --steps timed steps (different batches);
+system runs --warmup untimed steps then --steps timed steps (different batches), the two systems
+alternating step by step so that a load change on the machine hits both alike;
 pairs/s = batch_size * steps / time. --bf16 runs the forward and loss under
 torch.autocast(bfloat16) for both (meant for CUDA; on CPUs without AMX it is emulated and slow).
 The sentence-transformers step calls the loss module directly (no Trainer), so both rows time
@@ -59,16 +60,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(step, batches, warmup: int, device: str) -> tuple[float, list[float]]:
-    losses = []
-    for b in batches[:warmup]:
-        losses.append(step(b))
-    sync(device)
-    t = time.perf_counter()
-    for b in batches[warmup:]:
-        losses.append(step(b))
-    sync(device)
-    return time.perf_counter() - t, losses
+def run_interleaved(steps, batches, warmup: int, device: str) -> tuple[list[float], list[list[float]]]:
+    """Run every system's step on each batch in turn (A, B, A, B, ...), timing each step, so that
+    load changes on a shared machine hit all systems alike. Returns (seconds, losses) per system."""
+    seconds, losses = [0.0] * len(steps), [[] for _ in steps]
+    for i, b in enumerate(batches):
+        for j, step in enumerate(steps):
+            sync(device)
+            t = time.perf_counter()
+            losses[j].append(step(b))
+            sync(device)
+            if i >= warmup:
+                seconds[j] += time.perf_counter() - t
+    return seconds, losses
 
 
 def main(argv=None) -> dict:
@@ -141,8 +145,7 @@ def main(argv=None) -> dict:
         st_opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    st_s, st_losses = run(st_step, batches, args.warmup, device)
-    our_s, our_losses = run(our_step, batches, args.warmup, device)
+    (st_s, our_s), (st_losses, our_losses) = run_interleaved([st_step, our_step], batches, args.warmup, device)
     pairs_timed = bs * args.steps
     st_rate, our_rate = pairs_timed / st_s, pairs_timed / our_s
 

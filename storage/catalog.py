@@ -44,14 +44,17 @@ CREATE TABLE IF NOT EXISTS artifacts (
     rows BIGINT,
     bytes BIGINT,
     path VARCHAR NOT NULL,
+    stats JSON,
     PRIMARY KEY (stage, version)
 );
+-- catalogs written before the stats column get it (NULL until reconciled from the manifests)
+ALTER TABLE artifacts ADD COLUMN IF NOT EXISTS stats JSON;
 CREATE TABLE IF NOT EXISTS {VIEWS_TABLE} (
     view_name VARCHAR PRIMARY KEY, stage VARCHAR, version VARCHAR, table_name VARCHAR
 );
 """
 COLUMNS = ["stage", "version", "status", "created_at", "code_version", "parameters", "inputs",
-           "rows", "bytes", "path"]
+           "rows", "bytes", "path", "stats"]
 
 
 def quote_ident(name: str) -> str:
@@ -120,7 +123,8 @@ class Catalog:
                 parse_created_at(manifest["created_at"]), manifest.get("code_version"),
                 canonical_json(manifest.get("parameters", {})),
                 canonical_json(manifest.get("inputs", {})),
-                int(manifest.get("rows", 0)), int(manifest.get("bytes", 0)), str(path)]
+                int(manifest.get("rows", 0)), int(manifest.get("bytes", 0)), str(path),
+                canonical_json(manifest["stats"]) if "stats" in manifest else None]
 
     def _upsert(self, con, manifest: dict, path: Path) -> None:
         con.execute(f"INSERT OR REPLACE INTO artifacts ({', '.join(COLUMNS)}) "
@@ -138,7 +142,7 @@ class Catalog:
         out = []
         for values in cursor.fetchall():
             row = dict(zip(names, values))
-            for key in ("parameters", "inputs"):
+            for key in ("parameters", "inputs", "stats"):
                 if isinstance(row.get(key), str):
                     row[key] = json.loads(row[key])
             out.append(row)
@@ -181,10 +185,12 @@ class Catalog:
     def reconcile(self, on_disk: dict[tuple[str, str], tuple[dict, Path]]) -> dict:
         """Make the table match the committed folders on disk. Writes only if something differs."""
         with self.read() as con:
-            known = {(s, v): p for s, v, p in con.execute(
-                "SELECT stage, version, path FROM artifacts").fetchall()}
+            rows = con.execute("SELECT stage, version, path, stats IS NULL FROM artifacts").fetchall()
+        known = {(s, v): p for s, v, p, _ in rows}
+        no_stats = {(s, v) for s, v, _, null in rows if null}
         missing = [k for k in on_disk if k not in known]
-        moved = [k for k in on_disk if k in known and known[k] != str(on_disk[k][1])]
+        moved = [k for k in on_disk if k in known and (known[k] != str(on_disk[k][1])
+                                                       or (k in no_stats and "stats" in on_disk[k][0]))]
         gone = [k for k in known if k not in on_disk]
         if missing or moved or gone:
             with self.write() as con:

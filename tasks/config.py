@@ -118,6 +118,7 @@ class EncodeConfig(_Strict):
     query_max_len: int = 64
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
     bf16: bool = Field(False, description="bf16 autocast while encoding (CUDA, or CPUs with bf16 units)")
+    int8: bool = Field(False, description="CPU only: dynamic int8 quantisation of the Linear layers (benchmarks/encoding_throughput.py measures speed and accuracy)")
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 

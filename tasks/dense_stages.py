@@ -39,8 +39,14 @@ def _encode(cfg: PipelineConfig, model, texts, side: str):
     from tasks.dense.encode import encode_texts
 
     device = _device(cfg)
-    model.to(device).eval()
     enc = cfg.dense.encode
+    if enc.int8 and device != "cpu":
+        raise ValueError(f"dense.encode.int8 quantises for the CPU; the device is {device!r}")
+    model.to(device).eval()
+    if enc.int8:
+        from models.quantization import quantize_dynamic_int8
+
+        model = quantize_dynamic_int8(model)
     encode_fn = model.encode_passage if side == "passage" else model.encode_query
     total = len(texts)
     step = max(total // 10, 1)

@@ -107,3 +107,24 @@ def test_iter_shards():
     assert list(iter_shards(0, 4)) == []
     with pytest.raises(ValueError):
         list(iter_shards(3, 0))
+
+
+def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(tmp_path):
+    from models import BiEncoder
+    from tasks import dense_stages
+    from tasks.config import DenseConfig, EncodeConfig, PipelineConfig
+    from tests.test_models import save_tiny_checkpoint
+
+    model = BiEncoder.from_pretrained(str(save_tiny_checkpoint(tmp_path)), pooling="mean", normalize=True)
+    texts = [("paris", "paris is the capital city"), ("seine", "the river seine flow through paris")]
+
+    def encode(**enc):
+        cfg = PipelineConfig(dense=DenseConfig(encode=EncodeConfig(batch_size=1, device="cpu", **enc)))
+        return dense_stages._encode(cfg, model, texts, "passage")
+
+    fp32, int8 = encode(), encode(int8=True)
+    assert not np.array_equal(fp32, int8) and (fp32 * int8).sum(1).min() > 0.99
+    assert np.array_equal(encode(), fp32)  # the caller's model is left fp32
+    with pytest.raises(ValueError, match="int8 quantises for the CPU"):
+        dense_stages._encode(PipelineConfig(dense=DenseConfig(encode=EncodeConfig(int8=True, device="cuda:0"))),
+                             model, texts, "passage")

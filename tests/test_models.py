@@ -247,3 +247,20 @@ def test_loss_forward_equals_compute_from_embeddings(batches, tokenizer):
         expected = torch.nn.functional.cross_entropy(10.0 * eq @ torch.cat([ep, en]).T, torch.arange(2))
         assert torch.allclose(loss_fn(q, p, negatives), expected)
         assert torch.allclose(loss_fn.compute_loss_from_embeddings(eq, ep, negatives=en), expected)
+
+
+def test_int8_dynamic_quantisation_close_to_fp32_and_leaves_the_original(checkpoint, batches):
+    from models.quantization import quantize_dynamic_int8
+
+    model = BiEncoder.from_pretrained(str(checkpoint), pooling="mean", normalize=True).eval()
+    queries, passages = batches
+    int8 = quantize_dynamic_int8(model)
+    assert not any(type(m) is torch.nn.Linear for m in int8.modules())  # every Linear was swapped
+    assert any(type(m) is torch.nn.Linear for m in model.modules())     # on a copy
+    assert int8.tokenizer is not None
+    with torch.inference_mode():
+        ref, got = model.encode_passage(passages), int8.encode_passage(passages)
+        q_ref, q_got = model.encode_query(queries), int8.encode_query(queries)
+    assert not torch.equal(ref, got)
+    assert (ref * got).sum(-1).min() > 0.99 and (q_ref * q_got).sum(-1).min() > 0.99
+    assert torch.equal((q_got @ got.T).argmax(1), (q_ref @ ref.T).argmax(1))

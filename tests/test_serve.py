@@ -21,3 +21,13 @@ def test_pipeline_and_each_stage_are_deployments_with_typed_config_forms():
     assert bm25["k1"]["type"] == "number" and bm25["k1"]["default"] == 0.9
     stage_run = deployments[1 + PIPELINE.index("chunk")]
     assert stage_run.parameters["stage"] == "chunk" and stage_run.parameters["config"]["name"] == "tiny"
+
+
+def test_dense_stages_of_an_extended_config_are_deployments():
+    deployments = build_deployments([PROJECT_ROOT / "configs" / "dpr.yaml"])
+    names = [d.name for d in deployments]
+    assert {"dpr", "dpr--train:dpr", "dpr--encode:dpr", "dpr--search:dpr", "dpr--hybrid"} <= set(names)
+    # The deployment carries the resolved config (extends: merged), not a reference to the file.
+    config = deployments[0].parameters["config"]
+    assert config["data"]["squad"]["path"] == "squad/dev-v1.1-partial.json"
+    assert config["dense"]["systems"][0]["model"]["pooling"] == "cls"

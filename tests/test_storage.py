@@ -169,6 +169,22 @@ def test_sql_binds_parameters_and_is_read_only(store):
     assert len(store.list_artifacts()) == 1
 
 
+def test_stats_are_queryable_and_backfilled_into_an_older_catalog(tmp_path):
+    import duckdb
+
+    root = tmp_path / "root"
+    store = ArtifactStore(root)
+    art = store.materialize("passages", "1", {"n": 4}, {}, rows_build(4))
+    query = "SELECT CAST(stats->>'$.n' AS INTEGER) AS n FROM artifacts WHERE stage = 'passages'"
+    assert store.sql(query).column("n").to_pylist() == [4]
+    assert store.get("passages", art.version).manifest["stats"] == {"n": 4}
+    # A catalog from before the stats column: opening the store adds it and refills it from disk.
+    con = duckdb.connect(str(root / "catalog.duckdb"))
+    con.execute("ALTER TABLE artifacts DROP COLUMN stats")
+    con.close()
+    assert ArtifactStore(root).sql(query).column("n").to_pylist() == [4]
+
+
 def test_lineage_three_stage_chain(store):
     docs = store.materialize("documents", "1", {"src": "wiki"}, {}, rows_build(2))
     psg = store.materialize("passages", "1", {"words": 100}, {"documents": docs}, rows_build(3))
