@@ -40,7 +40,7 @@ TABLES = ("passages", "questions", "gold", "bm25_runs")
 SYSTEMS = {
     # name: (from_pretrained kwargs, loss or None for zero-shot)
     "zero-shot": (dict(shared=True, pooling="mean", normalize=True, scale=1.0), None),
-    # DPR: separate towers, [CLS], in-batch + 1 BM25 negative (Karpukhin et al.; paper 000 section 4.1).
+    # DPR: separate towers, [CLS], in-batch + 1 BM25 negative (Karpukhin et al.; paper 000, Experiment).
     "dpr": (dict(shared=False, pooling="cls", normalize=False, scale=1.0), InBatchSoftmaxLoss),
     # Paper 003 section 3: shared tower, FC on [CLS], l2 norm; bidirectional softmax (eq. 1-3).
     "bidirectional": (dict(shared=True, pooling="cls", projection_dim=384, normalize=True, scale=20.0),

@@ -96,8 +96,8 @@ class DenseTrainConfig(_Strict):
     max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many train-split questions")
     bf16: Literal["auto", "on", "off"] = "auto"
     seed: int = 42
-    # Checkpoint selection on dev (paper 000 section 4: "dev set results to select the final
-    # checkpoint"; paper 003 section 5: recall@1 on dev for early stopping).
+    # Checkpoint selection on dev (paper 000, Experiment, implementation details: "dev set results
+    # to select the final checkpoint"; paper 003 section 5.3: recall@1 on dev for early stopping).
     select_on_dev: bool = Field(True, description="keep the best of the base model and the evaluated steps by dev top-k accuracy")
     eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations (always at the start and the end)")
     dev_split: str = Field("dev", description="questions that pick the checkpoint")
@@ -114,6 +114,7 @@ class DenseSystemConfig(_Strict):
 
 class EncodeConfig(_Strict):
     batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(100_000, ge=1, description="passages read, tokenised and written at a time")
     passage_max_len: int = 256
     query_max_len: int = 64
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")

@@ -33,32 +33,40 @@ def load_model(system: DenseSystemConfig, trained: Artifact | None):
                                      projection_dim=m.projection_dim, normalize=m.normalize, scale=m.scale)
 
 
-def _encode(cfg: PipelineConfig, model, texts, side: str):
+def _encoder_for(cfg: PipelineConfig, model):
+    """The model on the configured device, in eval mode, int8-quantised when asked (CPU only)."""
+    device = _device(cfg)
+    if cfg.dense.encode.int8 and device != "cpu":
+        raise ValueError(f"dense.encode.int8 quantises for the CPU; the device is {device!r}")
+    model.to(device).eval()
+    if cfg.dense.encode.int8:
+        from models.quantization import quantize_dynamic_int8
+
+        return quantize_dynamic_int8(model)
+    return model
+
+
+def _encode(cfg: PipelineConfig, model, texts, side: str, done: int = 0, total: int | None = None):
+    """Vectors for `texts` with an `_encoder_for` model; logs progress about every 10% of `total`
+    (all texts of the stage; `done` of them were encoded by earlier calls)."""
     import torch
 
     from tasks.dense.encode import encode_texts
 
-    device = _device(cfg)
     enc = cfg.dense.encode
-    if enc.int8 and device != "cpu":
-        raise ValueError(f"dense.encode.int8 quantises for the CPU; the device is {device!r}")
-    model.to(device).eval()
-    if enc.int8:
-        from models.quantization import quantize_dynamic_int8
-
-        model = quantize_dynamic_int8(model)
     encode_fn = model.encode_passage if side == "passage" else model.encode_query
-    total = len(texts)
+    total = total or len(texts)
     step = max(total // 10, 1)
 
-    def progress(done, _total):
-        if done % step < enc.batch_size or done == total:
-            logger.info("encode %ss: %s/%s", side, f"{done:,}", f"{total:,}")
+    def progress(finished, _n):
+        overall = done + finished
+        if overall % step < enc.batch_size or overall == total:
+            logger.info("encode %ss: %s/%s", side, f"{overall:,}", f"{total:,}")
 
     with torch.inference_mode():
         return encode_texts(texts, model.tokenizer, encode_fn, batch_size=enc.batch_size,
                             max_length=enc.passage_max_len if side == "passage" else enc.query_max_len,
-                            device=device, dtype=enc.dtype, autocast_bf16=enc.bf16, progress=progress)
+                            device=_device(cfg), dtype=enc.dtype, autocast_bf16=enc.bf16, progress=progress)
 
 
 # ---------------------------------------------------------------- train
@@ -122,14 +130,29 @@ def build_train(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str
 
 # ---------------------------------------------------------------- encode, index, search
 def build_encode(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
+    """Encode the passages shard by shard (`dense.encode.shard_size` rows read, tokenised and
+    written at a time), so memory is bounded by a shard, not by the corpus."""
+    import pyarrow.parquet as pq
+
+    from storage.parquet import ParquetTableWriter
     from tasks.dense.encode import embeddings_table
 
-    passages = inputs["chunk"].read_table(columns=["pid", "title", "text"])
-    model = load_model(system, inputs.get(f"train:{system.name}"))
-    pairs = list(zip(passages.column("title").to_pylist(), passages.column("text").to_pylist()))
-    vectors = _encode(cfg, model, pairs, "passage")
-    write_table(out, embeddings_table(passages.column("pid").to_pylist(), vectors))
-    return {"stats": {"passages": len(pairs), "dim": int(vectors.shape[1])}}
+    files = inputs["chunk"].table_files()
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    model = _encoder_for(cfg, load_model(system, inputs.get(f"train:{system.name}")))
+    writer, done, dim = None, 0, 0
+    for f in files:
+        for shard in pq.ParquetFile(f).iter_batches(batch_size=cfg.dense.encode.shard_size, columns=["pid", "title", "text"]):
+            pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
+            vectors = _encode(cfg, model, pairs, "passage", done, total)
+            table = embeddings_table(shard.column("pid").to_pylist(), vectors)
+            writer = writer or ParquetTableWriter(out, table.schema)
+            writer.write_batch(table)
+            done, dim = done + len(pairs), int(vectors.shape[1])
+    if writer is None:
+        raise ValueError("encode: the passages table is empty")
+    writer.close()
+    return {"stats": {"passages": done, "dim": dim, "shard_size": cfg.dense.encode.shard_size}}
 
 
 def build_index(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -149,7 +172,7 @@ def build_search(cfg: PipelineConfig, system: DenseSystemConfig, inputs: dict[st
 
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
     pids = inputs[f"encode:{system.name}"].read_table(columns=["pid"]).column("pid")
-    model = load_model(system, inputs.get(f"train:{system.name}"))
+    model = _encoder_for(cfg, load_model(system, inputs.get(f"train:{system.name}")))
     vectors = _encode(cfg, model, questions.column("question").to_pylist(), "query")
     index = faiss_index.load_index(inputs[f"index:{system.name}"].subdir("index"))
     runs = faiss_index.search(index, vectors.astype("float32"), cfg.bm25.k, pids, questions.column("qid"), system=system.name)

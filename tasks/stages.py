@@ -286,7 +286,7 @@ def _dense_stages(cfg: PipelineConfig) -> list[Stage]:
         if system.train:
             stages.append(Stage(f"train:{n}", "dense_model", "2", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
                                 lambda c, m=model: {**m, "device": c.dense.encode.device}, partial(_with_system, d.build_train, system)))
-        encode = lambda c, m=model: {**m, "encode": c.dense.encode.model_dump(exclude={"device"})}  # noqa: E731
+        encode = lambda c, m=model: {**m, "encode": c.dense.encode.model_dump(exclude={"device", "shard_size"})}  # noqa: E731
         stages.append(Stage(f"encode:{n}", "embeddings", "1", ("chunk", *trained), encode, partial(_with_system, d.build_encode, system)))
         stages.append(Stage(f"index:{n}", "faiss_index", "1", (f"encode:{n}",), lambda c: c.dense.index.model_dump(),
                             partial(_with_system, d.build_index, system)))

@@ -1,5 +1,6 @@
 """Dense systems through the flow: a tiny random BERT (MiniLM's real vocabulary), zero-shot vs
 trained vs hybrid on the tiny SQuAD slice. Seconds on CPU."""
+import json
 import shutil
 
 import pytest
@@ -41,6 +42,11 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
                  DenseSystemConfig(name="trained", model=model,
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, epochs=3, lr=3e-4, select_on_dev=False,
                                                           hard_negatives=1, passage_max_len=160, seed=1)),
+                 # The DPR recipe's towers and paper 003's variant run through the same stages.
+                 DenseSystemConfig(name="two-tower", model={**model, "shared": False, "pooling": "cls", "normalize": False, "scale": 1.0},
+                                   train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=2, select_on_dev=False)),
+                 DenseSystemConfig(name="bidi", model={**model, "pooling": "cls", "projection_dim": 16},
+                                   train=DenseTrainConfig(loss="bidirectional", batch_size=8, max_steps=2, select_on_dev=False)),
                  # A learning rate that wrecks the encoder: choosing on dev must keep the base model.
                  DenseSystemConfig(name="wrecked", model=model,
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=4, lr=0.5, eval_every=2,
@@ -57,6 +63,12 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     # quality is the benchmarks' job, with MiniLM.
     for k in (5, 10, 20):
         assert _metric(store, "trained", "top_k_accuracy", k, "train") > 1.5 * _metric(store, "random", "top_k_accuracy", k, "train")
+    for name in ("two-tower", "bidi"):
+        assert 0 <= _metric(store, name, "top_k_accuracy", 20) <= 1
+    two_tower = store.get("dense_model", versions["train:two-tower"]).path / "model"
+    assert json.loads((two_tower / "bi_encoder_config.json").read_text())["shared"] is False
+    bidi = store.get("embeddings", versions["encode:bidi"]).read_table()
+    assert bidi.schema.field("vector").type.list_size == 16  # the FC projection's width
     wrecked = store.get("dense_model", versions["train:wrecked"]).manifest["stats"]
     assert [step for step, _ in wrecked["dev_curve"]] == [0, 2, 4]
     assert wrecked["best_step"] == 0 and wrecked["best_dev_metric"] == max(m for _, m in wrecked["dev_curve"])

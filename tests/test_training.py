@@ -199,7 +199,7 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
     assert [p.name for p in (tmp_path / "one" / "checkpoints").iterdir()] != []
 
 
-def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path):
+def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path, caplog):
     examples = make_examples(n=16, pool=2)
     for e in examples:  # a learnable task: the positive contains the query's words
         e.positive = (e.positive[0], e.query + " " + e.positive[1])
@@ -217,9 +217,13 @@ def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path):
     before = full_loss()
     args = tiny_args(max_steps=30, warmup_ratio=0.1, lr=2e-3, hard_negatives=1, checkpoint_every=10,
                      keep_checkpoints=2)
-    result = train_bi_encoder(model, loss_fn, examples, args, tmp_path, progress=False)
+    with caplog.at_level("INFO", logger="tasks.training.trainer"):
+        result = train_bi_encoder(model, loss_fn, examples, args, tmp_path, progress=False)
     after = full_loss()
     assert after < before * 0.5, (before, after)
+    # Without a progress bar, a log line every 10% of the steps (30 steps: every 3rd).
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train step")]
+    assert [m.split()[2] for m in logged] == [f"{s}/30" for s in range(3, 31, 3)]
     assert len(result["history"]) == 30 and result["best_step"] == 30
     assert (tmp_path / "loss_curve.png").stat().st_size > 0
     assert json.loads((tmp_path / "history.json").read_text())["history"][-1]["step"] == 30

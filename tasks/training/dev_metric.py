@@ -27,7 +27,8 @@ def dev_pool(questions: pa.Table, passages: pa.Table, gold: pa.Table, split: str
     if max_questions is not None and len(qids) > max_questions:
         qids = sorted(random.Random(seed).sample(qids, max_questions), key=qids.index)
     if not qids:
-        raise ValueError(f"dev metric: no question of split {split!r} has a gold passage")
+        raise ValueError(f"dev metric: no question of split {split!r} has a gold passage; give the split "
+                         "questions or set the system's train.select_on_dev: false")
     text_of = dict(zip(dev.column("qid").to_pylist(), dev.column("question").to_pylist()))
 
     pids = passages.column("pid").to_pylist()

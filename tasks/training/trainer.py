@@ -216,7 +216,8 @@ def train_bi_encoder(
     dev_curve: [(step, metric)] of this run's evaluations, seconds, pairs_per_second,
     total_steps, resumed_from}. `lr` is the rate used for that step's update. Higher dev_metric is
     better. out_dir gets checkpoints/, best/ (best model; the final one without dev_metric),
-    final/, history.json and loss_curve.png.
+    final/, history.json and loss_curve.png. Progress: a tqdm bar, or with progress=False a log
+    line about every 10% of the steps.
     """
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
@@ -325,6 +326,7 @@ def train_bi_encoder(
     start_step = step
     started = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, disable=not progress, desc="train", dynamic_ncols=True)
+    log_every = max(total_steps // 10, 1)
     while step < total_steps:
         for indices in sampler:
             q, p, n, w = collator([examples[i] for i in indices])
@@ -346,6 +348,8 @@ def train_bi_encoder(
             history.append({"step": step, "loss": value, "lr": lr})
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}")
+            if not progress and (step % log_every == 0 or step == total_steps):  # the pipeline's progress
+                log.info("train step %d/%d loss %.4f lr %.2e", step, total_steps, value, lr)
             # evaluate first, so the checkpoint records the best-so-far it has seen
             if dev_metric is not None and args.eval_every and step % args.eval_every == 0:
                 evaluate()
