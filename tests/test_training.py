@@ -2,7 +2,6 @@
 import json
 import os
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import BertTokenizerFast  # noqa: E402
 
-from models import BiEncoder, BiEncoderConfig, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
+from models import BiEncoder, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
 from tests.test_models import WORDS, save_tiny_checkpoint  # noqa: E402
 from tasks.training import (  # noqa: E402
     Collator,
