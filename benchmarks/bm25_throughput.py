@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,13 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 
 from tasks.schemas import RUNS  # noqa: E402
 
-DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1-partial.json"
 K1, B = 0.9, 0.4
 
 

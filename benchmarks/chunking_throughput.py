@@ -8,13 +8,12 @@ which keeps no character offsets. Ours also records offsets for gold linking.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 from tasks.chunking import chunk_documents  # noqa: E402
 
 

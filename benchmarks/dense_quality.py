@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 from models import BiEncoder, BidirectionalSoftmaxLoss, InBatchSoftmaxLoss  # noqa: E402
 from models.checkpoints import resolve_checkpoint  # noqa: E402
 from tasks.dense.encode import encode_texts  # noqa: E402

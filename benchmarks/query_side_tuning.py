@@ -13,13 +13,9 @@ scored by gold-passage top-k over the whole corpus, next to the zero-shot query 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
