@@ -34,3 +34,18 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random BERT and its toy WordPiece tokenizer, saved as a local checkpoint folder."""
+    from tests.tiny_models import save_tiny_checkpoint
+
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast.from_pretrained(str(checkpoint))

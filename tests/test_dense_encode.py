@@ -110,18 +110,12 @@ def test_iter_shards():
         list(iter_shards(3, 0))
 
 
-def _tiny_bi_encoder(tmp_path):
-    from tests.test_models import save_tiny_checkpoint
-
-    return save_tiny_checkpoint(tmp_path / "ckpt")
-
-
-def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(tmp_path):
+def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(checkpoint):
     from models import BiEncoder
     from tasks import dense_stages
     from tasks.config import DenseConfig, EncodeConfig, PipelineConfig
 
-    model = BiEncoder.from_pretrained(str(_tiny_bi_encoder(tmp_path)), pooling="mean", normalize=True)
+    model = BiEncoder.from_pretrained(str(checkpoint), pooling="mean", normalize=True)
     texts = [("paris", "paris is the capital city"), ("seine", "the river seine flow through paris")]
 
     def encode(**enc):
@@ -135,7 +129,7 @@ def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(tmp_path):
         dense_stages._encoder_for(PipelineConfig(dense=DenseConfig(encode=EncodeConfig(int8=True, device="cuda:0"))), model)
 
 
-def test_encode_stage_writes_shards_that_match_one_pass(tmp_path):
+def test_encode_stage_writes_shards_that_match_one_pass(tmp_path, checkpoint):
     from storage import ArtifactStore, write_table
     from tasks import dense_stages
     from tasks.config import DenseConfig, DenseSystemConfig, EncodeConfig, PipelineConfig
@@ -145,7 +139,7 @@ def test_encode_stage_writes_shards_that_match_one_pass(tmp_path):
                          "text": [" ".join(words[i:] + words[:i]) for i in range(11)]})
     store = ArtifactStore(tmp_path / "root")
     chunk = store.materialize("passages", "1", {}, {}, lambda d: {"stats": {"rows": write_table(d, passages)}})
-    system = DenseSystemConfig(name="tiny", model={"base": str(_tiny_bi_encoder(tmp_path)), "pooling": "mean"})
+    system = DenseSystemConfig(name="tiny", model={"base": str(checkpoint), "pooling": "mean"})
 
     def build(shard_size, name):
         cfg = PipelineConfig(dense=DenseConfig(systems=[system], encode=EncodeConfig(

@@ -10,20 +10,15 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModel, AutoTokenizer, BertTokenizerFast  # noqa: E402
+from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 from models import BiEncoder, BiEncoderConfig, pool  # noqa: E402
 from models.export import export_bi_encoder, export_encoder  # noqa: E402
-from tests.test_models import save_tiny_checkpoint, tiny_bert  # noqa: E402
+from tests.tiny_models import tiny_bert  # noqa: E402
 
 QUERIES = ["what is the capital of france", "where does the seine flow", "who"]
 PASSAGES = ["paris is the capital city of france", "the river seine flow through paris",
             "largest city"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return BertTokenizerFast.from_pretrained(str(save_tiny_checkpoint(tmp_path_factory.mktemp("tok"))))
 
 
 def make(tokenizer, shared, pooling, projection_dim, normalize):

@@ -8,7 +8,6 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
 
 from models import (  # noqa: E402
     BiEncoder,
@@ -22,37 +21,7 @@ from models import (  # noqa: E402
     pool,
     resolve_checkpoint,
 )
-
-WORDS = ("the of what is who capital france paris city river title passage text "
-         "where does flow through seine largest").split()
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [chr(c) for c in range(97, 123)]
-
-
-def tiny_bert(seed=0):
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    return BertModel(cfg).eval()
-
-
-def save_tiny_checkpoint(d: Path) -> Path:
-    """A tiny BertModel and a WordPiece tokenizer saved as a local checkpoint folder."""
-    tiny_bert().save_pretrained(d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    # transformers 5 ignores BertTokenizer(vocab_file=...); load the folder instead
-    BertTokenizerFast.from_pretrained(str(d)).save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(checkpoint):
-    return BertTokenizerFast.from_pretrained(str(checkpoint))
-
+from tests.tiny_models import VOCAB, tiny_bert  # noqa: E402
 
 @pytest.fixture
 def batches(tokenizer):

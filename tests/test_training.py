@@ -2,17 +2,14 @@
 import json
 import os
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import BertTokenizerFast  # noqa: E402
-
 from models import BiEncoder, InBatchSoftmaxLoss, WeightedInBatchSoftmaxLoss  # noqa: E402
-from tests.test_models import WORDS, save_tiny_checkpoint  # noqa: E402
+from tests.tiny_models import WORDS  # noqa: E402
 from tasks.training import (  # noqa: E402
     Collator,
     TrainerArgs,
@@ -23,16 +20,6 @@ from tasks.training import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_bert_train"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(checkpoint):
-    return BertTokenizerFast.from_pretrained(str(checkpoint))
 
 
 def new_model(checkpoint, seed=0):
