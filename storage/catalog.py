@@ -189,18 +189,18 @@ class Catalog:
         known = {(s, v): p for s, v, p, _ in rows}
         no_stats = {(s, v) for s, v, _, null in rows if null}
         missing = [k for k in on_disk if k not in known]
-        moved = [k for k in on_disk if k in known and (known[k] != str(on_disk[k][1])
-                                                       or (k in no_stats and "stats" in on_disk[k][0]))]
+        moved = [k for k in on_disk if k in known and known[k] != str(on_disk[k][1])]
+        refill = [k for k in on_disk if k in no_stats and k not in moved and "stats" in on_disk[k][0]]
         gone = [k for k in known if k not in on_disk]
-        if missing or moved or gone:
+        if missing or moved or refill or gone:
             with self.write() as con:
-                for key in missing + moved:
+                for key in missing + moved + refill:
                     manifest, path = on_disk[key]
                     self._upsert(con, manifest, path)
                 for stage, version in gone:
                     con.execute("DELETE FROM artifacts WHERE stage = ? AND version = ?", [stage, version])
                 self._refresh_views(con)
-        return {"inserted": missing, "moved": moved, "removed": gone}
+        return {"inserted": missing, "moved": moved, "stats_refilled": refill, "removed": gone}
 
     def delete(self, keys: list[tuple[str, str]]) -> None:
         with self.write() as con:

@@ -161,10 +161,10 @@ def tune_scorer(metric: str, tune_questions: pa.Table, passage_text: Mapping[str
     'ndcg': mean graded nDCG@k over the split's judged questions (BEIR data has no answer strings);
     'auto': accuracy when the questions carry answers, else nDCG."""
     from tasks.evaluation.ir_metrics import ir_metrics
-    from tasks.evaluation.qa_metrics import first_hit_ranks
+    from tasks.evaluation.qa_metrics import carries_answers, first_hit_ranks
 
     if metric == "auto":
-        metric = "accuracy" if any(len(a) for a in tune_questions.column("answers").to_pylist()) else "ndcg"
+        metric = "accuracy" if carries_answers(tune_questions) else "ndcg"
     if metric == "accuracy":
         def accuracy(run: pa.Table) -> float:
             ranks = first_hit_ranks(run, passage_text, tune_questions, match_type, k).column("first_hit_rank")

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from tasks.config import PipelineConfig
 from tasks.evaluation.ir_metrics import ir_metrics
-from tasks.evaluation.qa_metrics import first_hit_ranks, qa_accuracy_metrics
+from tasks.evaluation.qa_metrics import carries_answers, first_hit_ranks, qa_accuracy_metrics
 from tasks.evaluation.report import metrics_markdown
 from tasks.schemas import METRICS, QUESTION_RESULTS
 
@@ -15,7 +15,7 @@ from tasks.schemas import METRICS, QUESTION_RESULTS
 def evaluate_runs(cfg: PipelineConfig, questions: pa.Table, passages: pa.Table, gold: pa.Table,
                   runs: list[pa.Table], gold_stats: dict | None = None) -> tuple[pa.Table, pa.Table, str]:
     """Top-k answer accuracy (when questions carry answers) and qrels metrics (when gold exists)."""
-    has_answers = any(len(a) > 0 for a in questions.column("answers").to_pylist())
+    has_answers = carries_answers(questions)
     split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
     passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
     results, metrics = [], []

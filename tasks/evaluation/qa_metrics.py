@@ -31,7 +31,7 @@ import pyarrow as pa
 from tasks.schemas import METRICS, QUESTION_RESULTS
 from .has_answer import MATCH_TYPES, answer_tokens, contains_tokens, normalize, regex_match
 
-__all__ = ["first_hit_ranks", "qa_accuracy_metrics", "answer_precision_at", "ALL_SPLITS"]
+__all__ = ["first_hit_ranks", "qa_accuracy_metrics", "answer_precision_at", "carries_answers", "ALL_SPLITS"]
 
 ALL_SPLITS = "all"
 
@@ -55,6 +55,11 @@ def _require(table: pa.Table, columns: Iterable[str], name: str) -> None:
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise ValueError(f"{name} table lacks column(s) {missing}; has {table.column_names}")
+
+
+def carries_answers(questions: pa.Table) -> bool:
+    """Whether any question has an answer string (SQuAD, NQ) rather than only qrels (BEIR)."""
+    return any(len(a) > 0 for a in questions.column("answers").to_pylist())
 
 
 def first_hit_ranks(runs: pa.Table, passage_text: PassageText, questions: pa.Table,

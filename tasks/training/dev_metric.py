@@ -25,7 +25,8 @@ def dev_pool(questions: pa.Table, passages: pa.Table, gold: pa.Table, split: str
         gold_of.setdefault(qid, set()).add(pid)
     qids = [q for q in dev.column("qid").to_pylist() if q in gold_of]
     if max_questions is not None and len(qids) > max_questions:
-        qids = sorted(random.Random(seed).sample(qids, max_questions), key=qids.index)
+        kept = set(random.Random(seed).sample(qids, max_questions))
+        qids = [q for q in qids if q in kept]
     if not qids:
         raise ValueError(f"dev metric: no question of split {split!r} has a gold passage; give the split "
                          "questions or set the system's train.select_on_dev: false")
