@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/pforge run configs/squad-open.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -ra tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/chunking_throughput.py

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from tasks.config import ConfigError, load_config
@@ -17,6 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pforge", description="Passage Forge: dense passage retrieval pipelines")
     parser.add_argument("--root", help="artifact root (default: $PFORGE_HOME, else ./artifacts)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on the terminal too")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the pipeline (a Prefect flow) on a config")
     run.add_argument("config", type=Path)
@@ -30,16 +32,41 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines (corpus refresh), e.g. '0 3 * * 0'")
-    for command in (run, arts, sql, serve):  # --root is accepted before or after the command
+    for command in (run, arts, sql, serve):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
+    if not args.debug:
+        quiet_prefect_tracebacks()
     try:
         return COMMANDS[args.command](args)
-    except (InputError, ConfigError, ValueError, RuntimeError) as exc:
-        print(f"pforge: error: {exc}", file=sys.stderr)
+    except (InputError, ConfigError, ValueError, RuntimeError, OSError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"pforge: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
         return 2
+
+
+class _NoFailureReports(logging.Filter):
+    """Drops Prefect's own reports of a failed task or flow (each a traceback) from the terminal:
+    the CLI prints the one clear error line; the Prefect run log (API handler) keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("prefect"):
+            return True
+        return record.levelno < logging.ERROR and not record.getMessage().startswith("Finished in state Failed")
+
+
+def quiet_prefect_tracebacks() -> None:
+    from prefect.logging.loggers import get_logger
+
+    get_logger()  # sets up Prefect's logging configuration, so its handlers exist
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    for handler in {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])}.values():
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.addFilter(_NoFailureReports())  # the terminal only: the API handler keeps the report
 
 
 def _run(args) -> int:
@@ -84,7 +111,7 @@ def _artifacts(args) -> int:
 def _sql(args) -> int:
     from storage import ArtifactStore, resolve_root
 
-    table = ArtifactStore(resolve_root(args.root)).sql(args.query, args.param or None)
+    table = ArtifactStore(resolve_root(args.root)).sql(args.query, args.param or None)  # CatalogError: one line
     print(table.to_pandas().to_string(index=False) if table.num_rows else "(no rows)")
     return 0
 

@@ -1,34 +1,31 @@
-"""The end-to-end flow: the pipeline's table of contents."""
+"""The end-to-end flow: the pipeline's table of contents (the stages come from the registry)."""
 from __future__ import annotations
 
 from typing import Optional
 
 from prefect import flow, get_run_logger
 
+from flows.registry import plan_for
+from flows.stage_task import stage_task
 from storage import ArtifactStore, resolve_root
 from tasks.config import PipelineConfig
-from tasks.prefect_tasks import stage_task
-from tasks.stages import resolve_stage_name, stages_for, upstream_for_single_stage
-
-# The stages every config runs, in order; dense systems and the hybrid add theirs before evaluate
-# (tasks/stages.py: stages_for).
-PIPELINE = list(stages_for(PipelineConfig()))
 
 
 @flow(name="passage-forge", log_prints=True)
 def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = None,
              root: Optional[str] = None) -> dict[str, str]:
     """Run the pipeline (or only `stage`, on its latest upstream artifacts). Returns stage -> version."""
-    store_root = str(resolve_root(root))
-    store = ArtifactStore(resolve_root(root))
+    plan = plan_for(config)
+    store = ArtifactStore(resolve_root(root))  # opened once per flow run
     logger = get_run_logger()
     if stage is not None:
-        name = resolve_stage_name(stage, config)
-        artifact = stage_task(name)(store_root, config, upstream_for_single_stage(store, name, config))
+        name = plan.resolve_name(stage)
+        artifact = stage_task(plan[name], config.name)(store, plan.upstream_for_single_stage(store, name))
         return {name: artifact.version}
     done = {}
-    for name, declared in stages_for(config).items():
+    for declared in plan:
         inputs = {dep: done[dep] for dep in declared.inputs}
-        done[name] = stage_task(name)(store_root, config, inputs)
-    logger.info("artifacts under %s", store_root)
+        inputs.update(plan.pinned_inputs(store, declared.name))
+        done[declared.name] = stage_task(declared, config.name)(store, inputs)
+    logger.info("artifacts under %s", store.root)
     return {name: artifact.version for name, artifact in done.items()}

@@ -6,21 +6,25 @@ from pathlib import Path
 from prefect import serve
 
 from flows.pipeline import pipeline
-from tasks.stages import stages_for
+from flows.registry import plan_for
+from storage import resolve_root
 from tasks.config import load_config
 
 
 def build_deployments(config_paths: list[Path], root: str | None = None, cron: str | None = None) -> list:
     """One deployment for the whole pipeline per config (optionally on a cron: corpus refresh)
-    and one per stage, each with the config as a typed parameter the UI renders as a form."""
+    and one per stage, each with the config as a typed parameter the UI renders as a form. The
+    artifact root is resolved now, so scheduled runs write where the server was told, not under
+    the serving process's working directory."""
+    store_root = str(resolve_root(root))
     deployments = []
     for path in config_paths:
         cfg = load_config(path)
-        base = {"config": cfg.model_dump(), "root": root}
+        base = {"config": cfg.model_dump(), "root": store_root}
         deployments.append(pipeline.to_deployment(
             name=cfg.name, parameters=base, cron=cron, tags=["passage-forge", cfg.name],
             description=f"Full pipeline on {path}"))
-        for stage in stages_for(cfg):
+        for stage in plan_for(cfg).names():
             deployments.append(pipeline.to_deployment(
                 name=f"{cfg.name}--{stage}", parameters={**base, "stage": stage}, tags=["passage-forge", "stage"],
                 description=f"Rerun stage {stage} of {path} on its latest upstream artifacts"))

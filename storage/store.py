@@ -5,9 +5,12 @@ Commit protocol (a crash at any point leaves the whole artifact or nothing visib
      then finds the manifest and reuses the result)
   2. build into <stage>/.tmp-<version>-<pid>-<random>/
   3. write manifest.json, fsync every file and dir, rename to <stage>/<version>, fsync <stage>
-  4. insert the catalog row and refresh views
+  4. rebuild the DuckDB catalog from the manifests and swap it in (storage/catalog.py)
 A crash before 3 leaves a tmp dir whose lock nobody holds: the next open deletes it.
-A crash between 3 and 4 leaves a committed folder the catalog lacks: the next open inserts it.
+A crash between 3 and 4 leaves a committed folder the catalog lacks: the next open rebuilds it.
+
+The store keeps an index of the committed manifests, scanned once when it opens: open one store
+per flow run and pass it around, rather than reopening it per stage.
 """
 from __future__ import annotations
 
@@ -20,11 +23,11 @@ import pyarrow as pa
 
 from . import paths
 from .artifact import Artifact
-from .catalog import Catalog
+from .catalog import Catalog, fingerprint, parse_json_columns, row_from_manifest
 from .fsutil import fsync_dir, fsync_tree, remove_tree
 from .hashing import normalize, version_for
 from .locks import file_lock
-from .manifest import MANIFEST, build_manifest, read_manifest, write_manifest
+from .manifest import MANIFEST, build_manifest, parse_created_at, read_manifest, write_manifest
 
 BuildFn = Callable[[Path], "dict | None"]
 Progress = Callable[[str], Any]
@@ -35,6 +38,7 @@ class ArtifactStore:
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root)
+        self._index: dict[tuple[str, str], tuple[dict, Path]] = {}
         self.cleanup()
         self.reconcile()
 
@@ -43,16 +47,22 @@ class ArtifactStore:
         return sorted(p for p in self.root.iterdir()
                       if p.is_dir() and not p.name.startswith(".") and p.name != paths.CATALOG_FILE)
 
+    @staticmethod
+    def _committed_in(sdir: Path) -> dict[tuple[str, str], tuple[dict, Path]]:
+        found = {}
+        for vdir in sdir.iterdir() if sdir.is_dir() else ():
+            if vdir.name.startswith(".") or not vdir.is_dir():
+                continue
+            manifest = read_manifest(vdir)
+            # Only renamed-in folders whose manifest agrees with their place count.
+            if manifest and manifest.get("stage") == sdir.name and manifest.get("version") == vdir.name:
+                found[(sdir.name, vdir.name)] = (manifest, vdir)
+        return found
+
     def _committed_on_disk(self) -> dict[tuple[str, str], tuple[dict, Path]]:
         found = {}
         for sdir in self._stage_dirs():
-            for vdir in sdir.iterdir():
-                if vdir.name.startswith(".") or not vdir.is_dir():
-                    continue
-                manifest = read_manifest(vdir)
-                # Only renamed-in folders whose manifest agrees with their place count.
-                if manifest and manifest.get("stage") == sdir.name and manifest.get("version") == vdir.name:
-                    found[(sdir.name, vdir.name)] = (manifest, vdir)
+            found.update(self._committed_in(sdir))
         return found
 
     def cleanup(self) -> list[Path]:
@@ -73,8 +83,16 @@ class ArtifactStore:
                         removed.append(child)
         return removed
 
-    def reconcile(self) -> dict:
-        return self.catalog.reconcile(self._committed_on_disk())
+    def reconcile(self, force: bool = False) -> bool:
+        """Rescan the committed folders; rebuild the catalog if it was built from something else
+        (a crash between rename and catalog, another process's commit, gc). True if rebuilt."""
+        with self.catalog.rebuilding():
+            self.catalog.remove_leftovers()
+            self._index = self._committed_on_disk()
+            if not force and self.catalog.built_from() == fingerprint(self._index):
+                return False
+            self.catalog.rebuild(self._index)
+            return True
 
     # -- versions ---------------------------------------------------------------------
     def version_for(self, stage: str, code_version: str, params: dict, inputs: Mapping[str, str]) -> str:
@@ -88,7 +106,7 @@ class ArtifactStore:
         if isinstance(value, Mapping) and "version" in value:
             return {"stage": value.get("stage"), "version": str(value["version"])}
         if isinstance(value, str):
-            stages = self.catalog.stages_of(value)
+            stages = self.stages_of(value)
             return {"stage": stages[0] if len(stages) == 1 else None, "version": value}
         raise TypeError(f"input must be an Artifact, a version string or {{stage, version}}, got {type(value).__name__}")
 
@@ -107,20 +125,25 @@ class ArtifactStore:
     def latest(self, stage: str) -> Artifact | None:
         """Newest committed version by created_at (a later cache hit on an older one does not
         make it latest)."""
-        row = self.catalog.latest_row(stage)
-        return self._load(stage, row["version"]) if row else None
+        # Rescan this stage's folder: another process may have committed since the store opened.
+        self._index.update(self._committed_in(paths.stage_dir(self.root, stage)))
+        mine = [(parse_created_at(m["created_at"]), v) for (s, v), (m, p) in self._index.items()
+                if s == stage and p.is_dir()]
+        return self._load(stage, max(mine)[1]) if mine else None
+
+    def stages_of(self, version: str) -> list[str]:
+        return sorted(s for s, v in self._index if v == version)
 
     def list_artifacts(self, stage: str | None = None) -> list[dict]:
-        """Catalog rows, oldest first; parameters and inputs parsed from JSON."""
-        return self.catalog.rows(stage)
+        """Catalog rows (from the manifests, rescanned), oldest first; parameters and inputs parsed from JSON."""
+        self._index = self._committed_on_disk()
+        rows = [parse_json_columns(row_from_manifest(m, p)) for (s, _), (m, p) in self._index.items()
+                if stage is None or s == stage]
+        return sorted(rows, key=lambda r: (r["created_at"], r["stage"], r["version"]))
 
     def sql(self, query: str, params: list | None = None) -> pa.Table:
         """Run read-only SQL over the catalog; values go in `params`, bound by DuckDB."""
         return self.catalog.query(query, params)
-
-    def refresh_views(self) -> dict[str, tuple[str, str]]:
-        """Recreate the per-table views; returns {view_name: (stage, table)}."""
-        return self.catalog.refresh_views()
 
     def lineage(self, stage: str, version: str) -> list[dict]:
         """The artifact and every transitive input, breadth-first, each once at its smallest depth."""
@@ -130,7 +153,7 @@ class ArtifactStore:
         while frontier:
             s, v, depth = frontier.pop(0)
             if s is None:
-                found = self.catalog.stages_of(v)
+                found = self.stages_of(v)
                 s = found[0] if found else None
             if (s, v) in seen:
                 continue
@@ -189,15 +212,21 @@ class ArtifactStore:
                 raise
             fsync_dir(final.parent)
             # Still under the version lock: a waiting writer sees the catalog row when it wakes.
-            self.catalog.register(manifest, final)
+            self.register(manifest, final)
         say(f"committed {stage}/{version} ({manifest['rows']} rows, {build_s:.2f}s)")
         return Artifact(stage=stage, version=version, path=final, manifest=manifest, cache_hit=False)
 
+    def register(self, manifest: dict, path: Path) -> None:
+        """Record a committed artifact: index it and rebuild the catalog (which rescans the disk,
+        so other processes' commits appear too)."""
+        self._index[(manifest["stage"], manifest["version"])] = (manifest, path)
+        self.reconcile(force=True)
+
     def _cache_hit(self, stage: str, version: str, say: Progress) -> Artifact:
         art = self._load(stage, version, cache_hit=True)
-        # Heal a commit whose catalog insert was lost (crash after rename) without a reopen.
-        if self.catalog.row(stage, version) is None:
-            self.catalog.register(art.manifest, art.path)
+        # Heal a commit whose catalog rebuild was lost (crash after rename) without a reopen.
+        if (stage, version) not in self._index:
+            self.register(art.manifest, art.path)
         say(f"cache hit {stage}/{version}")
         return art
 
@@ -207,7 +236,7 @@ class ArtifactStore:
         that a kept one (transitively) uses as input. Returns removed paths."""
         if keep_latest < 1:
             raise ValueError("keep_latest must be >= 1")
-        rows = self.catalog.rows()
+        rows = self.list_artifacts()
         by_stage: dict[str, list[dict]] = {}
         for r in rows:
             by_stage.setdefault(r["stage"], []).append(r)
@@ -221,7 +250,10 @@ class ArtifactStore:
         if not doomed:
             return []
         # Catalog first, so nothing listed ever points at a half-deleted folder.
-        self.catalog.delete(doomed)
+        with self.catalog.rebuilding():
+            for key in doomed:
+                self._index.pop(key, None)
+            self.catalog.rebuild(self._index)
         removed = []
         for stage, version in doomed:
             vdir = paths.version_dir(self.root, stage, version)

@@ -72,3 +72,23 @@ QUESTION_RESULTS = pa.schema([
     ("split", pa.string()),
     ("first_hit_rank", pa.int32()),
 ])
+
+# Training pairs: a query (a question, or a synthetic one) and a positive passage. source: gold,
+# synthetic, silver; weight: the loss weight (silver pairs: p^2, paper 001 section 4.2).
+PAIRS = pa.schema([
+    ("qid", pa.string()),
+    ("query", pa.string()),
+    ("pid", pa.string()),
+    ("source", pa.string()),
+    ("weight", pa.float32()),
+    ("split", pa.string()),
+])
+
+# Hard negatives per query, each with the strategy that mined it and its rank there.
+NEGATIVES = pa.schema([
+    ("qid", pa.string()),
+    ("pid", pa.string()),
+    ("strategy", pa.string()),
+    ("rank", pa.int32()),
+    ("score", pa.float32()),
+])

@@ -11,9 +11,19 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
+def running_in_ci() -> bool:
+    """CI services set CI=true (GitHub Actions, GitLab CI, ...); .ci/run is what CI runs."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
+    """../shared/data, which the end-to-end tests need. Locally they skip without it; in CI a
+    missing folder fails them instead, so the CI run cannot pass while silently skipping them."""
     if not SHARED_DATA.exists():
+        if running_in_ci():
+            pytest.fail(f"{SHARED_DATA} is absent and CI={os.environ['CI']}: the end-to-end tests "
+                        "must run in CI, not skip", pytrace=False)
         pytest.skip(f"{SHARED_DATA} is absent")
     return SHARED_DATA
 

@@ -75,13 +75,43 @@ def test_anserini_jar_exists():
 
 
 def test_jvm_is_java_21_with_anserini(jvm):
-    import os
-
     from jnius import autoclass
 
     assert autoclass("java.lang.System").getProperty("java.version").startswith("21")
-    assert os.environ.get("OPENAI_API_KEY")
     autoclass("io.anserini.search.SearchCollection")
+
+
+def test_jvm_bootstrap_sets_the_openai_key_pyserini_needs():
+    """Importing pyserini.search.lucene builds an OpenAI client, which fails without
+    OPENAI_API_KEY: ensure_jvm() must set a dummy one (conftest sets one too, so this runs in a
+    fresh interpreter without it), and must keep a key the user set."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = (
+        "import os\n"
+        "assert 'OPENAI_API_KEY' not in os.environ or os.environ['OPENAI_API_KEY'] == 'sk-user'\n"
+        "from tasks.bm25.jvm import ensure_jvm\n"
+        "ensure_jvm()\n"
+        "print('KEY=' + os.environ.get('OPENAI_API_KEY', ''))\n"
+        "import sys\n"
+        "if sys.argv[1] == 'import':\n"
+        "    import pyserini.search.lucene  # noqa: F401\n"
+        "    print('IMPORTED')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+
+    def run(mode, **extra):
+        out = subprocess.run([sys.executable, "-c", script, mode], cwd=root, env={**env, **extra},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    out = run("import")
+    assert "KEY=dummy-not-used" in out and "IMPORTED" in out
+    assert "KEY=sk-user" in run("plain", OPENAI_API_KEY="sk-user")
 
 
 def test_rare_term_ranks_its_passage_first(index_dir):
@@ -131,6 +161,48 @@ def test_k1_and_b_change_scores(index_dir):
     assert scores(k1=0.9, b=0.4) == base  # deterministic
     assert scores(k1=2.0, b=0.4) != base
     assert scores(k1=0.9, b=1.0) != base
+
+
+def test_public_search_scores_equal_hand_computed_bm25(jvm, tmp_path):
+    """bm25_search's scores for a tiny index, against Lucene's BM25 computed by hand:
+    sum over query terms of idf * tf / (tf + k1 * (1 - b + b * dl / avgdl)),
+    idf = ln(1 + (N - df + 0.5) / (df + 0.5)). Documents under 24 terms keep their exact length
+    in Lucene's norms. k1 and b are far apart, so passing them swapped changes every score."""
+    import math
+
+    from tasks.bm25.index import build_bm25_index
+    from tasks.bm25.search import bm25_search
+
+    docs = {"d1": "alpha alpha bravo", "d2": "alpha charlie charlie charlie delta",
+            "d3": "bravo delta", "d4": "echo foxtrot golf hotel india juliet"}
+    build_bm25_index(pa.table({"pid": list(docs), "text": list(docs.values())}), tmp_path / "idx", threads=1)
+    tokens = {pid: text.split() for pid, text in docs.items()}
+    n_docs, avgdl = len(docs), sum(map(len, tokens.values())) / len(docs)
+
+    def by_hand(query, k1, b):
+        scores = {}
+        for pid, toks in tokens.items():
+            total = 0.0
+            for term in query.split():
+                tf, df = toks.count(term), sum(term in t for t in tokens.values())
+                if tf:
+                    idf = math.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+                    total += idf * tf / (tf + k1 * (1 - b + b * len(toks) / avgdl))
+            if total:
+                scores[pid] = total
+        return scores
+
+    queries = [("q1", "alpha"), ("q2", "charlie delta"), ("q3", "bravo alpha")]
+    for k1, b in ((0.5, 0.9), (1.6, 0.2)):
+        runs = bm25_search(tmp_path / "idx", queries, k=10, k1=k1, b=b).to_pylist()
+        for qid, text in queries:
+            got = {r["pid"]: r["score"] for r in runs if r["qid"] == qid}
+            want = by_hand(text, k1, b)
+            assert got.keys() == want.keys(), (qid, got, want)
+            for pid in want:
+                assert got[pid] == pytest.approx(want[pid], rel=1e-5), (qid, pid, k1, b)
+            swapped = by_hand(text, b, k1)
+            assert any(got[pid] != pytest.approx(swapped[pid], rel=1e-3) for pid in want)
 
 
 def test_empty_and_hitless_queries(index_dir):

@@ -8,7 +8,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus", "nfcorpus-dense", "bm25", "zero-shot", "dpr",
-                                  "bidirectional", "paper-scale"])
+                                  "bidirectional", "paper-scale", "nfcorpus-transfer"])
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIGS / f"{name}.yaml")
     assert cfg.name == name
@@ -70,3 +70,21 @@ def test_extends_errors_name_the_file(tmp_path, files, load, error):
         (tmp_path / name).write_text(text)
     with pytest.raises(ConfigError, match=error):
         load_config(tmp_path / load)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("name: tiny v1.2\n", "name"),                # a folder, a Prefect artifact key and a deployment name
+    ("name: x\nchunk: {words: -5}\n", "chunk.words"),  # 0 means whole documents; negative means nothing
+    ("name: x\ndense: {systems: [{name: a, train: {loss: nope}}]}\n", "loss"),
+    ("name: x\ndense: {systems: [{name: a, init_from: b}]}\n", "init_from"),
+])
+def test_meaningless_values_are_refused_at_load(tmp_path, text, field):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"c\.yaml.*{field}"):
+        load_config(path)
+
+
+def test_whole_documents_have_one_spelling():
+    # words: 0 is the only way to say "whole documents", so one output has one version.
+    assert load_config(CONFIGS / "nfcorpus.yaml").chunk.words == 0

@@ -10,7 +10,7 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 from flows.pipeline import pipeline
 from models.checkpoints import resolve_checkpoint
 from storage import ArtifactStore
-from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, HybridConfig, load_config
+from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, FusionConfig, HybridConfig, load_config
 
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
@@ -47,14 +47,20 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=2, select_on_dev=False)),
                  DenseSystemConfig(name="bidi", model={**model, "pooling": "cls", "projection_dim": 16},
                                    train=DenseTrainConfig(loss="bidirectional", batch_size=8, max_steps=2, select_on_dev=False)),
-                 # A learning rate that wrecks the encoder: choosing on dev must keep the base model.
-                 DenseSystemConfig(name="wrecked", model=model,
+                 # Two-stage: start from "trained" (init_from) and wreck it with a huge learning rate;
+                 # choosing on dev (here the split it learned, where it is clearly better than random)
+                 # must keep the starting encoder.
+                 DenseSystemConfig(name="wrecked", model=model, init_from="trained",
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=4, lr=0.5, eval_every=2,
-                                                          hard_negatives=1, passage_max_len=160, seed=1))],
+                                                          hard_negatives=1, passage_max_len=160, seed=1, dev_split="train",
+                                                          dev_k=5))],
         hybrid=HybridConfig(system="trained", tune_split="dev", tune_k=5))
-    cfg = cfg.model_copy(update={"dense": dense})
+    fusion = [FusionConfig(name="rrf3", method="rrf", runs=["bm25", "trained", "random"]),
+              FusionConfig(name="lin3", runs=["trained", "bm25", "random"], tune_k=5, rounds=2)]
+    cfg = cfg.model_copy(update={"dense": dense, "fusion": fusion})
     versions = pipeline(config=cfg, root=str(tmp_path))
-    assert {"train:trained", "encode:random", "index:trained", "search:trained", "hybrid"} <= set(versions)
+    assert {"train:trained", "encode:random", "index:trained", "search:trained", "hybrid", "pairs:gold",
+            "negatives:bm25", "fusion:rrf3", "fusion:lin3"} <= set(versions)
     store = ArtifactStore(tmp_path)
     trained_model = store.get("dense_model", versions["train:trained"])
     assert (trained_model.path / "model").is_dir()
@@ -63,20 +69,56 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     # quality is the benchmarks' job, with MiniLM.
     for k in (5, 10, 20):
         assert _metric(store, "trained", "top_k_accuracy", k, "train") > 1.5 * _metric(store, "random", "top_k_accuracy", k, "train")
+
+    # The two-tower and bidirectional recipes trained (2 steps) and were evaluated at every k and split.
     for name in ("two-tower", "bidi"):
-        assert 0 <= _metric(store, name, "top_k_accuracy", 20) <= 1
+        stats = store.get("dense_model", versions[f"train:{name}"]).manifest["stats"]
+        assert stats["steps"] == 2 and stats["final_loss"] > 0
+        rows = store.sql("SELECT count(*) FROM metrics WHERE system = $1 AND metric = 'top_k_accuracy'", [name])
+        assert rows.column(0)[0].as_py() == 4 * 4  # k 1/5/10/20 x splits all/train/dev/test
     two_tower = store.get("dense_model", versions["train:two-tower"]).path / "model"
     assert json.loads((two_tower / "bi_encoder_config.json").read_text())["shared"] is False
+    from models import BiEncoder
+
+    towers = BiEncoder.from_pretrained(two_tower)  # identical copies at the start: training moved each its own way
+    q_weights = towers.query_encoder.state_dict()
+    p_weights = towers.passage_encoder.state_dict()
+    assert any(not torch.equal(q_weights[k], p_weights[k]) for k in q_weights)
     bidi = store.get("embeddings", versions["encode:bidi"]).read_table()
     assert bidi.schema.field("vector").type.list_size == 16  # the FC projection's width
-    wrecked = store.get("dense_model", versions["train:wrecked"]).manifest["stats"]
-    assert [step for step, _ in wrecked["dev_curve"]] == [0, 2, 4]
-    assert wrecked["best_step"] == 0 and wrecked["best_dev_metric"] == max(m for _, m in wrecked["dev_curve"])
-    assert not (store.get("dense_model", versions["train:wrecked"]).path / "training" / "best").exists()
-    for k in (1, 5, 20):
-        assert _metric(store, "wrecked", "top_k_accuracy", k) == _metric(store, "random", "top_k_accuracy", k)
+    assert store.get("dense_model", versions["train:bidi"]).manifest["parameters"]["train"]["loss"] == "bidirectional"
+
+    wrecked = store.get("dense_model", versions["train:wrecked"])
+    assert wrecked.manifest["inputs"]["train:trained"]["version"] == versions["train:trained"]
+    stats = wrecked.manifest["stats"]
+    assert [step for step, _ in stats["dev_curve"]] == [0, 2, 4]
+    assert stats["best_step"] == 0 and stats["best_dev_metric"] == max(m for _, m in stats["dev_curve"]), stats
+    assert not (wrecked.path / "training" / "best").exists()
+    for k in (1, 5, 20):  # the kept step 0 is "trained" itself
+        assert _metric(store, "wrecked", "top_k_accuracy", k) == _metric(store, "trained", "top_k_accuracy", k)
+
+    # The hybrid's BM25 weight was chosen on dev questions only: its recorded tuning score is the
+    # fused run's top-5 accuracy over the dev split, recomputed here from the evaluation.
+    hybrid_stats = store.get("hybrid_runs", versions["hybrid"]).manifest["stats"]
+    dev_hits = store.sql("SELECT avg(CASE WHEN first_hit_rank <= 5 THEN 1 ELSE 0 END) FROM question_results "
+                         "WHERE system = 'hybrid(trained)' AND split = 'dev'").column(0)[0].as_py()
+    all_hits = store.sql("SELECT avg(CASE WHEN first_hit_rank <= 5 THEN 1 ELSE 0 END) FROM question_results "
+                         "WHERE system = 'hybrid(trained)'").column(0)[0].as_py()
+    assert hybrid_stats["tune_score"] == pytest.approx(dev_hits) and dev_hits != pytest.approx(all_hits)
     hybrid = _metric(store, "hybrid(trained)", "top_k_accuracy", 20)
-    # The weight is tuned on dev; with a weak tiny encoder BM25 carries the fusion past it.
+    # With a weak tiny encoder BM25 carries the fusion past it.
     assert hybrid > _metric(store, "trained", "top_k_accuracy", 20)
+    # N-way fusion: RRF and a 3-way linear fusion are evaluated systems; the linear one records its weights.
+    lin3 = store.get("hybrid_runs", versions["fusion:lin3"]).manifest["stats"]
+    assert [run for run, _ in lin3["weights"]] == ["search:trained", "bm25_search", "search:random"]
+    assert lin3["weights"][0][1] == 1.0
+    for name in ("rrf3", "lin3"):
+        assert _metric(store, name, "top_k_accuracy", 20) > _metric(store, "random", "top_k_accuracy", 20)
+    # The catalog shows every dense system, each at its latest version.
+    shown = store.sql("SELECT DISTINCT system FROM embeddings ORDER BY 1").column(0).to_pylist()
+    assert shown == sorted(["random", "trained", "two-tower", "bidi", "wrecked"])
+    assert set(store.sql("SELECT DISTINCT system FROM dense_runs").column(0).to_pylist()) == set(shown)
+    assert store.sql("SELECT DISTINCT strategy FROM negatives").column(0).to_pylist() == ["bm25"]
+    assert store.sql("SELECT DISTINCT source FROM pairs").column(0).to_pylist() == ["gold"]
     # A rerun is all cache hits: training does not run again.
     assert pipeline(config=cfg, root=str(tmp_path)) == versions

@@ -1,7 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from tasks.dense.hybrid import DEFAULT_GRID, choose_weight, linear_fusion, reciprocal_rank_fusion
+from tasks.dense.hybrid import (DEFAULT_GRID, choose_weight, choose_weights, fuse_linear, linear_fusion,
+                                reciprocal_rank_fusion)
 from tasks.schemas import RUNS
 
 
@@ -71,6 +72,94 @@ def test_choose_weight_picks_best_grid_point():
     assert max(scores, key=scores.get) == best
     best2, _ = choose_weight(BM25, DENSE, lambda t: 1.0, grid=(0.5, 1.0))
     assert best2 == 0.5  # ties go to the first grid point
+
+
+# Three runs for N-way fusion; q2 is absent from R1.
+R0 = run([("q1", "a", 3.0), ("q1", "b", 2.0), ("q1", "c", 1.0), ("q2", "x", 5.0)], "r0")
+R1 = run([("q1", "b", 10.0), ("q1", "d", 6.0), ("q1", "a", 4.0)], "r1")
+R2 = run([("q1", "d", 0.5), ("q1", "e", 0.25), ("q2", "y", 1.0), ("q2", "x", 0.5)], "r2")
+
+
+def ranked(t, qid):
+    return [p for (q, p), _ in sorted(as_dict(t).items(), key=lambda x: x[1][0]) if q == qid]
+
+
+def test_fuse_linear_three_runs_by_hand():
+    out = fuse_linear([R0, R1, R2], [1.0, 0.5, 2.0])
+    assert out.schema.equals(RUNS) and set(out["system"].to_pylist()) == {"fusion"}
+    got = as_dict(out)
+    # q1 mins: R0 1, R1 4, R2 0.25.  a = 3 + 0.5*4 + 2*0.25(fill), b = 2 + 0.5*10 + 2*0.25(fill),
+    # c = 1 + 0.5*4(fill) + 2*0.25(fill), d = 1(fill) + 0.5*6 + 2*0.5, e = 1(fill) + 0.5*4(fill) + 2*0.25
+    assert {p: s for (q, p), (_, s) in got.items() if q == "q1"} == pytest.approx(
+        {"b": 7.5, "a": 5.5, "d": 5.0, "c": 3.5, "e": 3.5})
+    # c and e tie at 3.5: c has a real R0 score, e a filled one
+    assert ranked(out, "q1") == ["b", "a", "d", "c", "e"]
+    # q2: no R1 list (0 on that side); R0 min 5, R2 min 0.5. x = 5 + 2*0.5, y = 5(fill) + 2*1
+    assert got[("q2", "y")] == (1, pytest.approx(7.0)) and got[("q2", "x")] == (2, pytest.approx(6.0))
+    out4 = fuse_linear([R0, R1, R2], [1.0, 0.5, 2.0], k=4, system="s")
+    assert ranked(out4, "q1") == ["b", "a", "d", "c"] and out4["rank"].to_pylist() == [1, 2, 3, 4, 1, 2]
+    assert set(out4["system"].to_pylist()) == {"s"}
+    with pytest.raises(ValueError):
+        fuse_linear([R0, R1, R2], [1.0, 0.5])
+
+
+def test_fuse_linear_three_run_tie_order():
+    # every passage fuses to 2.0 (weights 1, missing=zero); order: R0 raw, R1 raw, R2 raw (a listed
+    # passage beats a filled one), then pid
+    r0 = run([("q", "z", 2.0), ("q", "m", 1.0), ("q", "n", 1.0), ("q", "c", 1.0), ("q", "b", 1.0)], "r0")
+    r1 = run([("q", "y", 2.0), ("q", "m", 1.0), ("q", "n", 1.0), ("q", "c", 0.0)], "r1")
+    r2 = run([("q", "a", 2.0), ("q", "c", 1.0), ("q", "b", 1.0)], "r2")
+    out = fuse_linear([r0, r1, r2], [1.0, 1.0, 1.0], missing="zero")
+    assert set(out["score"].to_pylist()) == {2.0}
+    assert ranked(out, "q") == ["z", "m", "n", "c", "b", "y", "a"]
+
+
+def test_fuse_linear_three_run_missing_fill():
+    got = as_dict(fuse_linear([R0, R1, R2], [1.0, 0.5, 2.0], missing="zero"))
+    assert {p: s for (_, p), (_, s) in got.items()} == pytest.approx(
+        {"a": 5.0, "b": 7.0, "c": 1.0, "d": 4.0, "e": 0.5, "x": 6.0, "y": 2.0})
+    # depth=2 cuts each list first, so mins are taken over the cut lists: R0 2, R1 6, R2 0.25; c drops
+    got = as_dict(fuse_linear([R0, R1, R2], [1.0, 0.5, 2.0], depth=2))
+    assert {p: s for (q, p), (_, s) in got.items() if q == "q1"} == pytest.approx(
+        {"b": 7.5, "a": 6.5, "d": 6.0, "e": 5.5})
+    # q2 is absent from the anchor run R1: that side adds 0
+    got = as_dict(fuse_linear([R1, R0, R2], [1.0, 1.0, 1.0]))
+    assert got[("q2", "y")] == (1, pytest.approx(6.0)) and got[("q2", "x")] == (2, pytest.approx(5.5))
+
+
+def test_choose_weights_coordinate_ascent_finds_unequal_optimum():
+    # q1/a fuses to 1 + w1 and q2/b to 1 + w2, so the evaluator can read the weights back.
+    r0 = run([("q1", "a", 1.0), ("q2", "b", 1.0)], "r0")
+    r1 = run([("q1", "a", 1.0), ("q2", "b", 0.0)], "r1")
+    r2 = run([("q1", "a", 0.0), ("q2", "b", 1.0)], "r2")
+
+    def evaluate(t):  # optimum (0.5, 1.5); w1's best depends on w2, so ascent needs two rounds
+        d = as_dict(t)
+        w1, w2 = d[("q1", "a")][1] - 1.0, d[("q2", "b")][1] - 1.0
+        return -2 * (w2 - 1.5) ** 2 - (w1 - w2 + 1) ** 2
+
+    grid = (0.0, 0.5, 1.0, 1.5, 2.0)
+    best, scores = choose_weights([r0, r1, r2], evaluate, grid)
+    assert best == (1.0, 0.5, 1.5) and scores[best] == 0.0 == max(scores.values())
+    assert all(len(w) == 3 and w[0] == 1.0 for w in scores)
+    # one round from (1, 1): w1 tried with w2 = 1 (-> 0), then w2 with w1 = 0 (-> 1.5)
+    best1, scores1 = choose_weights([r0, r1, r2], evaluate, grid, rounds=1)
+    assert best1 == (1.0, 0.0, 1.5)
+    assert set(scores1) == {(1.0, g, 1.0) for g in grid} | {(1.0, 0.0, g) for g in grid}
+
+
+def test_choose_weights_with_two_runs_equals_choose_weight():
+    def evaluate(t):  # 1 once b reaches rank 2 in q1 (w > 0.133): a plateau, first point 0.15
+        return float(ranked(t, "q1").index("b") < 2)
+
+    best, scores = choose_weight(BM25, DENSE, evaluate)
+    assert best == 0.15 and len(scores) == len(DEFAULT_GRID)
+    best_n, scores_n = choose_weights([DENSE, BM25], evaluate)
+    assert best_n == (1.0, 0.15)
+    assert {w[1]: s for w, s in scores_n.items()} == scores and all(w[0] == 1.0 for w in scores_n)
+    grid = (1.0, 0.3, 0.0)  # plateau point 1.0 listed first wins the tie
+    assert choose_weights([DENSE, BM25], evaluate, grid)[0] == (1.0, choose_weight(BM25, DENSE, evaluate, grid)[0]) \
+        == (1.0, 1.0)
 
 
 def test_rrf_by_hand():

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.training.dev_metric import dev_pool, make_dev_metric, top_k_hit_rate
+from tasks.training.dev_metric import TopKDevEvaluator, dev_pool, top_k_hit_rate
 
 PASSAGES = pa.table({"pid": [f"p{i}" for i in range(8)], "doc_id": ["A", "A", "A", "B", "B", "C", "C", "D"],
                      "title": ["A", "A", "A", "B", "B", "C", "C", None], "text": [f"text {i}" for i in range(8)]})
@@ -43,6 +43,7 @@ def test_dev_metric_encodes_queries_and_pool_with_the_model():
         if side == "query":
             return np.eye(5)[[1, 3]]      # q1 -> p1, q2 -> p3
         return np.eye(5)
-    metric = make_dev_metric(qids, queries, pool, gold, 1, encode)
-    assert metric("m") == 1.0
+    evaluator = TopKDevEvaluator(qids, queries, pool, gold, 1, encode)
+    assert evaluator.primary_metric == "dev_top1" and evaluator.greater_is_better
+    assert evaluator("m") == {"dev_top1": 1.0}
     assert calls == [("m", "query", 2), ("m", "passage", 5)]

@@ -372,3 +372,51 @@ def test_metrics_markdown_rejects_duplicates():
                     "value": [0.1, 0.2], "split": ["all", "all"]}, schema=METRICS)
     with pytest.raises(ValueError):
         metrics_markdown(dup)
+
+
+# ---------------------------------------------------------------- BEIR's ignore_identical_ids
+
+# A corpus whose queries are documents too (ArguAna-like): query "Q1" is document "Q1", chunked
+# whole (chunk.words 0), so its passage is "Q1#0". Q1's only relevant passage is D1#0, which
+# comes second, after Q1's own passage; Q2 is no document and its relevant passage is second too.
+SELF_PASSAGES = pa.table({"pid": ["Q1#0", "D1#0", "D2#0", "D3#0"], "doc_id": ["Q1", "D1", "D2", "D3"],
+                          "text": ["q1 text", "d1 text", "d2 text", "d3 text"]})
+SELF_QRELS = qrels_table([("Q1", "D1#0", 1), ("Q2", "D2#0", 1)])
+SELF_RUNS = runs_table([("bm25", "Q1", ["Q1#0", "D1#0", "D2#0"]), ("bm25", "Q2", ["D3#0", "D2#0", "D1#0"])])
+NDCG_RANK_2 = 1 / math.log2(3)  # one relevant passage at rank 2 (ideal DCG 1) = 0.6309298
+
+
+def test_drop_identical_ids_matches_the_query_document_and_reranks():
+    from tasks.evaluation.identical_ids import drop_identical_ids
+
+    doc_of = dict(zip(SELF_PASSAGES.column("pid").to_pylist(), SELF_PASSAGES.column("doc_id").to_pylist()))
+    kept = drop_identical_ids(SELF_RUNS, doc_of)
+    assert kept.schema.equals(RUNS)
+    assert [(r["qid"], r["pid"], r["rank"]) for r in kept.to_pylist()] == [
+        ("Q1", "D1#0", 1), ("Q1", "D2#0", 2), ("Q2", "D3#0", 1), ("Q2", "D2#0", 2), ("Q2", "D1#0", 3)]
+    # a run whose pids are the document ids themselves (pid == qid) loses the self-hit as well
+    plain = runs_table([("s", "Q1", ["D2", "Q1", "D1"])])
+    assert [(r["pid"], r["rank"]) for r in drop_identical_ids(plain, {}).to_pylist()] == [("D2", 1), ("D1", 2)]
+    assert drop_identical_ids(SELF_RUNS.filter(pa.compute.equal(SELF_RUNS.column("qid"), "Q2")),
+                              doc_of).to_pylist() == SELF_RUNS.slice(3).to_pylist()  # nothing to drop
+
+
+def test_evaluate_runs_ignore_identical_ids_by_hand():
+    from tasks.evaluation.evaluate import evaluate_runs
+
+    questions = questions_table([("Q1", [], "test"), ("Q2", [], "test")])  # no answers: qrels metrics
+
+    def metrics(**kw):
+        _, table, _ = evaluate_runs(questions, SELF_PASSAGES, SELF_QRELS, [SELF_RUNS], title="self", **kw)
+        return metric_values(table)
+
+    off, on = metrics(), metrics(ignore_identical_ids=True)
+    assert metrics(ignore_identical_ids=False) == off  # the default is off
+    # off: Q1's own passage takes rank 1, D1#0 is second; Q2 the same shape
+    assert off[("bm25", "P", 1, "all")] == 0.0
+    assert off[("bm25", "ndcg_cut", 10, "all")] == pytest.approx(NDCG_RANK_2)
+    assert off[("bm25", "mrr", 10, "all")] == pytest.approx(0.5)
+    # on: Q1's self-hit dropped, D1#0 moves to rank 1 (P@1 1, nDCG 1); Q2 unchanged
+    assert on[("bm25", "P", 1, "all")] == pytest.approx(0.5)
+    assert on[("bm25", "ndcg_cut", 10, "all")] == pytest.approx((1.0 + NDCG_RANK_2) / 2)
+    assert on[("bm25", "mrr", 10, "all")] == pytest.approx(0.75)

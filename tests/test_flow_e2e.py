@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from flows.pipeline import PIPELINE, pipeline
+from flows.pipeline import pipeline
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, load_config
 
@@ -20,7 +20,7 @@ def test_tiny_pipeline_caches_reruns_one_stage_and_recomputes_downstream(prefect
     root = str(tmp_path / "store")
     cfg = load_config(TINY)
     first = pipeline(config=cfg, root=root)
-    assert list(first) == PIPELINE
+    assert list(first) == ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search", "evaluate"]
     store = ArtifactStore(tmp_path / "store")
     metrics = store.sql("SELECT metric, k, value FROM metrics WHERE system = 'bm25' AND split = 'all' AND metric = $1 ORDER BY k",
                         ["top_k_accuracy"]).to_pylist()
@@ -101,16 +101,20 @@ def test_beir_nfcorpus_through_the_flow_gives_graded_ndcg(prefect_harness, share
 
 
 def test_explicit_article_lists_choose_the_test_split_and_absent_squad_fails_cleanly(shared_data, tmp_path, monkeypatch):
+    from flows.registry import plan_for
+    from tasks.engine import run_stage
     from tasks.errors import InputError
-    from tasks.stages import run_stage
+
+    def run(name, cfg, inputs):
+        return run_stage(store, plan_for(cfg)[name], inputs)
 
     cfg = load_config(TINY)
     store = ArtifactStore(tmp_path)
-    documents = run_stage(store, "ingest_documents", cfg, {})
+    documents = run("ingest_documents", cfg, {})
     first = documents.read_table(columns=["doc_id", "title"]).to_pylist()[0]
     first_title = first["title"]
     split = cfg.split.model_copy(update={"articles": {"test": [first_title]}})
-    questions = run_stage(store, "ingest_questions", cfg.model_copy(update={"split": split}),
+    questions = run("ingest_questions", cfg.model_copy(update={"split": split}),
                           {"ingest_documents": documents}).read_table("questions")
     in_test = {d for d, s in zip(questions.column("doc_id").to_pylist(), questions.column("split").to_pylist()) if s == "test"}
     assert in_test == {first["doc_id"]}
@@ -119,4 +123,4 @@ def test_explicit_article_lists_choose_the_test_split_and_absent_squad_fails_cle
     monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
     absent = cfg.data.squad.model_copy(update={"path": "squad/absent.json", "download": "dev-v1.1"})
     with pytest.raises(InputError, match=r"absent\.json.*dev-v1\.1.*offline"):
-        run_stage(store, "ingest_documents", cfg.model_copy(update={"data": cfg.data.model_copy(update={"squad": absent})}), {})
+        run("ingest_documents", cfg.model_copy(update={"data": cfg.data.model_copy(update={"squad": absent})}), {})

@@ -85,7 +85,22 @@ def test_projection_changes_dim(batches):
         model = make(projection_dim=8)
         assert model.encode_query(q).shape == (2, 8)
         assert model.encode_passage(p).shape == (2, 8)
+        # by hand: the FC layer applied to the [CLS] state, x W^T + b
+        fc = model.query_projection
+        for batch, emb in ((q, model.encode_query(q)), (p, model.encode_passage(p))):
+            cls = model.query_encoder(**batch).last_hidden_state[:, 0]
+            assert torch.allclose(emb, cls @ fc.weight.T + fc.bias, atol=1e-6)
     assert model.embedding_dim == 8
+
+
+def test_separate_towers_encode_with_their_own_encoder_and_projection(batches):
+    q, p = batches
+    model = make(shared=False, projection_dim=8)
+    with torch.no_grad():
+        q_cls = model.query_encoder(**q).last_hidden_state[:, 0]
+        p_cls = model.passage_encoder(**p).last_hidden_state[:, 0]
+        assert torch.allclose(model.encode_query(q), model.query_projection(q_cls), atol=1e-6)
+        assert torch.allclose(model.encode_passage(p), model.passage_projection(p_cls), atol=1e-6)
 
 
 def test_cls_pooling_has_no_pooler_tanh(batches):
@@ -103,12 +118,35 @@ def test_mean_pooling_differs_from_cls(batches):
         assert not torch.allclose(make(pooling="mean").encode_query(q), make().encode_query(q))
 
 
+def test_mean_pooling_averages_the_unmasked_tokens_by_hand(batches):
+    q, p = batches
+    model = make(pooling="mean")
+    for batch in (q, p):
+        mask = batch["attention_mask"]
+        assert (mask == 0).any()  # the batch really holds padding the mean must skip
+        with torch.no_grad():
+            hidden = model.query_encoder(**batch).last_hidden_state
+            got = model.encode_query(batch)
+        for i in range(hidden.shape[0]):
+            n = int(mask[i].sum())
+            real = hidden[i][mask[i].bool()]
+            assert real.shape[0] == n
+            assert torch.allclose(got[i], real.sum(0) / n, atol=1e-6)
+            assert not torch.allclose(got[i], hidden[i].mean(0), atol=1e-4) or n == hidden.shape[1]
+
+
 def test_normalize_gives_unit_norm(batches):
     q, p = batches
     model = make(projection_dim=8, normalize=True)
+    raw = make(projection_dim=8)  # the same weights (same seeds), not normalised
     with torch.no_grad():
         for emb in (model.encode_query(q), model.encode_passage(p)):
             assert torch.allclose(emb.norm(dim=-1), torch.ones(2), atol=1e-6)
+        for emb, plain in ((model.encode_query(q), raw.encode_query(q)),
+                           (model.encode_passage(p), raw.encode_passage(p))):
+            assert not torch.allclose(plain.norm(dim=-1), torch.ones(2), atol=1e-2)
+            # the unit vector of the projected embedding: x / ||x||
+            assert torch.allclose(emb, plain / plain.norm(dim=-1, keepdim=True), atol=1e-6)
 
 
 def test_scale_multiplies_scores(batches):
@@ -150,8 +188,18 @@ def test_from_pretrained_tiny_bert(checkpoint, batches):
     assert model.tokenizer is not None and model.tokenizer.vocab_size == len(VOCAB)
     assert model.config.base_model == str(checkpoint)
     with torch.no_grad():
-        assert model.encode_query(q).shape == (2, 8)
-        assert model.score(model.encode_query(q), model.encode_passage(p)).shape == (2, 2)
+        eq, ep = model.encode_query(q), model.encode_passage(p)
+        assert eq.shape == (2, 8)
+        scores = model.score(eq, ep)
+        assert scores.shape == (2, 2)
+        assert torch.allclose(eq.norm(dim=-1), torch.ones(2), atol=1e-6)
+        # scaled cosine of the [CLS] state through the FC layer, computed by hand
+        fc = model.query_projection
+        hq = fc(model.query_encoder(**q).last_hidden_state[:, 0])
+        hp = fc(model.query_encoder(**p).last_hidden_state[:, 0])
+        cosine = (hq @ hp.T) / hq.norm(dim=-1)[:, None] / hp.norm(dim=-1)[None, :]
+        assert torch.allclose(scores, 100.0 * cosine, atol=1e-4)
+        assert torch.allclose(model(q, p), scores, atol=1e-5)
     two = BiEncoder.from_pretrained(checkpoint, shared=False)
     assert two.passage_encoder is not two.query_encoder
     # both towers start from the same checkpoint

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from models.losses import (
+    LOSSES,
     BidirectionalSoftmaxLoss,
     InBatchSoftmaxLoss,
     WeightedInBatchSoftmaxLoss,
     WeightNormalization,
+    build_loss,
     silver_weight,
 )
 from models.losses.base import forward_logits
@@ -137,3 +139,27 @@ def test_matches_torch_cross_entropy_on_random_embeddings():
     logits = 3.0 * q @ torch.cat([p, n]).T
     expected = torch.nn.functional.cross_entropy(logits, torch.arange(4))
     close(loss_of(InBatchSoftmaxLoss, scale=3.0).compute_loss_from_embeddings(q, p, negatives=n), expected.item())
+
+
+def test_registry_maps_names_to_loss_classes():
+    assert LOSSES == {"dpr": InBatchSoftmaxLoss, "bidirectional": BidirectionalSoftmaxLoss,
+                      "weighted": WeightedInBatchSoftmaxLoss}
+    m = model(2.0)
+    for name, cls in LOSSES.items():
+        loss = build_loss(name, m)
+        assert type(loss) is cls and loss.model is m and loss.scale == 2.0
+    weighted = build_loss("weighted", m, normalization="batch_size", scale=3.0)
+    assert weighted.normalization is WeightNormalization.BATCH_SIZE and weighted.scale == 3.0
+
+
+def test_unknown_loss_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown loss 'xmoco'.*bidirectional, dpr, weighted"):
+        build_loss("xmoco", model())
+
+
+def test_losses_declare_whether_they_consume_weights():
+    assert LOSSES["weighted"].uses_weights is True
+    assert LOSSES["dpr"].uses_weights is False and LOSSES["bidirectional"].uses_weights is False
+    from tasks.training.trainer import _wants_weights
+
+    assert _wants_weights(build_loss("weighted", model())) and not _wants_weights(build_loss("dpr", model()))

@@ -1,14 +1,16 @@
 from prefect.utilities.callables import parameter_schema
 
-from flows.pipeline import PIPELINE, pipeline
+from flows.pipeline import pipeline
+from flows.registry import plan_for
 from flows.serve import build_deployments
-from tasks.config import PROJECT_ROOT
+from tasks.config import PROJECT_ROOT, load_config
 
 
 def test_pipeline_and_each_stage_are_deployments_with_typed_config_forms():
     deployments = build_deployments([PROJECT_ROOT / "configs" / "tiny.yaml"], root="/tmp/x", cron="0 3 * * 0")
+    stages = plan_for(load_config(PROJECT_ROOT / "configs" / "tiny.yaml")).names()
     names = [d.name for d in deployments]
-    assert names == ["tiny"] + [f"tiny--{stage}" for stage in PIPELINE]
+    assert names == ["tiny"] + [f"tiny--{stage}" for stage in stages]
     full = deployments[0]
     assert full.schedules and full.schedules[0].schedule.cron == "0 3 * * 0"
     schema = parameter_schema(pipeline).model_dump()
@@ -19,8 +21,9 @@ def test_pipeline_and_each_stage_are_deployments_with_typed_config_forms():
     assert {"data", "chunk", "split", "bm25", "evaluation"} <= set(config_schema["properties"])
     bm25 = definitions["BM25Config"]["properties"]
     assert bm25["k1"]["type"] == "number" and bm25["k1"]["default"] == 0.9
-    stage_run = deployments[1 + PIPELINE.index("chunk")]
+    stage_run = deployments[1 + stages.index("chunk")]
     assert stage_run.parameters["stage"] == "chunk" and stage_run.parameters["config"]["name"] == "tiny"
+    assert all(d.parameters["root"] == "/tmp/x" for d in deployments)
 
 
 def test_dense_stages_of_an_extended_config_are_deployments():
@@ -31,3 +34,11 @@ def test_dense_stages_of_an_extended_config_are_deployments():
     config = deployments[0].parameters["config"]
     assert config["data"]["squad"]["path"] == "squad/dev-v1.1-partial.json"
     assert config["dense"]["systems"][0]["model"]["pooling"] == "cls"
+
+
+def test_deployments_carry_an_absolute_root_when_none_is_given(tmp_path, monkeypatch):
+    # A cron run must not write under whatever directory the serving process happens to be in.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PFORGE_HOME", raising=False)
+    deployments = build_deployments([PROJECT_ROOT / "configs" / "tiny.yaml"], cron="0 3 * * 0")
+    assert {d.parameters["root"] for d in deployments} == {str(tmp_path / "artifacts")}

@@ -178,9 +178,11 @@ def test_stats_are_queryable_and_backfilled_into_an_older_catalog(tmp_path):
     query = "SELECT CAST(stats->>'$.n' AS INTEGER) AS n FROM artifacts WHERE stage = 'passages'"
     assert store.sql(query).column("n").to_pylist() == [4]
     assert store.get("passages", art.version).manifest["stats"] == {"n": 4}
-    # A catalog from before the stats column: opening the store adds it and refills it from disk.
+    # A catalog of an older format (an artifacts table without stats, no format record): opening
+    # the store rebuilds it from the manifests.
+    (root / "catalog.duckdb").unlink()
     con = duckdb.connect(str(root / "catalog.duckdb"))
-    con.execute("ALTER TABLE artifacts DROP COLUMN stats")
+    con.execute("CREATE TABLE artifacts (stage VARCHAR, version VARCHAR)")
     con.close()
     assert ArtifactStore(root).sql(query).column("n").to_pylist() == [4]
 
@@ -293,18 +295,38 @@ def test_crash_after_rename_before_catalog_heals_on_open(tmp_path):
 
 
 def test_two_concurrent_writers_build_once(tmp_path):
+    """Writer A holds the version lock inside its build (until the test creates `go`) while
+    writer B starts: B must block on the lock, not build, and reuse A's result once A commits."""
     root = tmp_path / "root"
     ArtifactStore(root)
-    counter = tmp_path / "counter"
-    procs = [spawn(root, "finish", tmp_path / f"ready{i}", counter) for i in range(2)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err
-        results.append(json.loads(out))
+    counter, go = tmp_path / "counter", tmp_path / "go"
+    a = spawn(root, "gated", tmp_path / "a.started", counter, go, tmp_path / "a")
+    b = None
+    try:
+        _wait_for(tmp_path / "a.started", a)  # A is inside build(), under the lock
+        b = spawn(root, "gated", tmp_path / "b.started", counter, go, tmp_path / "b")
+        _wait_for(tmp_path / "b.waiting", b)  # B asks for the same version's lock
+        time.sleep(0.5)
+        assert b.poll() is None, "B finished while A held the lock"
+        assert not (tmp_path / "b.acquired").exists(), "B got the lock while A held it"
+        assert not (tmp_path / "b.started").exists(), "B built while A was building"
+        go.touch()
+        results = []
+        for p in (a, b):
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            results.append(json.loads(out))
+    finally:
+        go.touch()
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert (tmp_path / "b.acquired").exists()  # B did get the lock, after A released it ...
+    assert not (tmp_path / "b.started").exists()  # ... and found A's commit instead of building
     assert len(counter.read_text().splitlines()) == 1  # build ran once
     assert results[0]["version"] == results[1]["version"] and results[0]["path"] == results[1]["path"]
-    assert sorted(r["cache_hit"] for r in results) == [False, True]
+    assert [r["cache_hit"] for r in results] == [False, True]
     assert len(ArtifactStore(root).list_artifacts()) == 1
 
 

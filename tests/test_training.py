@@ -16,10 +16,28 @@ from tasks.training import (  # noqa: E402
     TrainExample,
     UniqueBatchSampler,
     latest_checkpoint,
-    train_bi_encoder,
 )
+from tasks.training import train_bi_encoder as _train_bi_encoder  # noqa: E402
+from tasks.training.callbacks import TrainerCallback  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
+
+
+def train_bi_encoder(*args, device="cpu", **kwargs):
+    """The tests train on the CPU, whatever the machine has."""
+    return _train_bi_encoder(*args, device=device, **kwargs)
+
+
+class FnEvaluator:
+    """An evaluator around `fn(model) -> float`: {"dev": fn(model)}."""
+
+    primary_metric = "dev"
+
+    def __init__(self, fn, greater_is_better=True):
+        self.fn, self.greater_is_better = fn, greater_is_better
+
+    def __call__(self, model):
+        return {"dev": self.fn(model), "other": -1.0}
 
 
 def new_model(checkpoint, seed=0):
@@ -146,7 +164,7 @@ def test_collator_skips_negatives_equal_to_a_batch_positive(tokenizer):
 
 def tiny_args(**kw):
     base = dict(lr=1e-3, batch_size=4, max_steps=6, warmup_ratio=0.5, hard_negatives=1,
-                query_max_len=16, passage_max_len=24, seed=0, device="cpu")
+                query_max_len=16, passage_max_len=24, seed=0)
     base.update(kw)
     return TrainerArgs(**base)
 
@@ -170,8 +188,8 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
 
     first = new_model(checkpoint, seed=1)  # same start as `one`
     with pytest.raises(Crash):
-        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples, tiny_args(**{**vars(args), "eval_every": 1}),
-                         tmp_path / "two", dev_metric=crash_after_checkpoint, progress=False)
+        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples, tiny_args(**{**args.model_dump(), "eval_every": 1}),
+                         tmp_path / "two", evaluator=FnEvaluator(crash_after_checkpoint), progress=False)
     assert latest_checkpoint(tmp_path / "two").name == "step-0000004"
 
     # "new process": a different fresh model object, new loss, new trainer call
@@ -247,7 +265,7 @@ def test_best_checkpoint_by_dev_metric(checkpoint, tmp_path):
 
     args = tiny_args(max_steps=8, eval_every=2, hard_negatives=0)
     result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path,
-                              dev_metric=fake_metric, progress=False)
+                              evaluator=FnEvaluator(fake_metric), progress=False)
     assert result["best_step"] == 4 and result["best_metric"] == pytest.approx(0.9)
     best = BiEncoder.from_pretrained(tmp_path / "best")
     for k, v in best.state_dict().items():
@@ -262,7 +280,7 @@ def test_dev_metric_at_start_keeps_the_base_model_when_training_hurts(checkpoint
     scores = iter([0.5, 0.4, 0.3])  # step 0 (the base), 2, 4 (the end)
     args = tiny_args(max_steps=4, eval_every=2, hard_negatives=0, eval_at_start=True)
     result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path,
-                              dev_metric=lambda m: next(scores), progress=False)
+                              evaluator=FnEvaluator(lambda m: next(scores)), progress=False)
     assert result["best_step"] == 0 and result["start_metric"] == pytest.approx(0.5)
     assert result["dev_curve"] == [(0, 0.5), (2, 0.4), (4, 0.3)]
     best = BiEncoder.from_pretrained(tmp_path / "best")
@@ -272,16 +290,37 @@ def test_dev_metric_at_start_keeps_the_base_model_when_training_hurts(checkpoint
 
 
 def test_weighted_examples(checkpoint, tmp_path):
+    from models.losses.base import forward_logits, per_query_cross_entropy
+
     examples = make_examples(n=8)
-    for e in examples[::2]:
-        e.weight = 0.25
+    for i, e in enumerate(examples):
+        e.weight = 1.0 / (i + 1)  # distinct: a batch's weighted mean never equals its plain mean
     model = new_model(checkpoint)
     with pytest.raises(ValueError, match="weights"):
         train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(max_steps=1), tmp_path / "a",
                          progress=False)
-    result = train_bi_encoder(model, WeightedInBatchSoftmaxLoss(model), examples, tiny_args(max_steps=2),
-                              tmp_path / "b", progress=False)
-    assert len(result["history"]) == 2
+
+    class SpyLoss(WeightedInBatchSoftmaxLoss):
+        """Records the weights the trainer hands over and each row's cross-entropy."""
+        calls = []
+
+        def compute_loss_from_embeddings(self, q, p, negatives=None, weights=None):
+            ce = per_query_cross_entropy(forward_logits(q, p, negatives, self.scale))
+            self.calls.append((None if weights is None else weights.detach().cpu().clone(), ce.detach().cpu()))
+            return super().compute_loss_from_embeddings(q, p, negatives=negatives, weights=weights)
+
+    args = tiny_args(max_steps=2)
+    result = train_bi_encoder(model, SpyLoss(model), examples, args, tmp_path / "b", progress=False)
+    assert len(result["history"]) == 2 and len(SpyLoss.calls) == 2
+    # the trainer's batches: the same seeded sampler; each step must get its examples' weights
+    batches = UniqueBatchSampler(examples, args.batch_size, seed=args.seed).epoch_batches(0)
+    for (weights, ce), batch, logged in zip(SpyLoss.calls, batches, result["history"]):
+        expected = torch.tensor([examples[i].weight for i in batch])
+        assert weights is not None, "the trainer dropped the weights"
+        assert torch.allclose(weights, expected), (weights, expected)
+        weighted = float((expected * ce).sum() / expected.sum())  # paper 001 eq. 2, sum-of-weights
+        assert logged["loss"] == pytest.approx(weighted, rel=1e-5)
+        assert logged["loss"] != pytest.approx(float(ce.mean()), rel=1e-3)  # the weights matter here
 
 
 def test_gradient_checkpointing_and_separate_towers(checkpoint, tmp_path):
@@ -289,6 +328,7 @@ def test_gradient_checkpointing_and_separate_towers(checkpoint, tmp_path):
     args = tiny_args(max_steps=2, gradient_checkpointing=True, hard_negatives=1)
     result = train_bi_encoder(model, InBatchSoftmaxLoss(model), make_examples(n=8), args, tmp_path, progress=False)
     assert model.query_encoder.is_activation_checkpointing
+    assert model.passage_encoder.is_activation_checkpointing
     assert len(result["history"]) == 2
 
 
@@ -297,3 +337,130 @@ def test_too_few_examples_for_a_batch(checkpoint, tmp_path):
     examples = make_examples(n=6, dup_every=6)  # all share one positive: no batch of 4 possible
     with pytest.raises(ValueError, match="no full batch"):
         train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(), tmp_path, progress=False)
+
+
+# -- arguments, callbacks, evaluators ---------------------------------------------------------
+
+def test_trainer_args_validate_and_convert_bf16():
+    from pydantic import ValidationError
+
+    assert TrainerArgs().bf16 == "auto"
+    assert TrainerArgs(bf16=True).bf16 == "on" and TrainerArgs(bf16=False).bf16 == "off"
+    with pytest.raises(ValidationError):
+        TrainerArgs(bf16="yes")
+    with pytest.raises(ValidationError):  # the device is train_bi_encoder's argument now
+        TrainerArgs(device="cpu")
+    assert TrainerArgs(**TrainerArgs(lr=1e-4).model_dump()) == TrainerArgs(lr=1e-4)
+    assert all(f.description for f in TrainerArgs.model_fields.values())  # a readable UI form
+
+    class PipelineArgs(TrainerArgs):  # a pipeline config adds fields of its own
+        loss: str = "dpr"
+    assert PipelineArgs(loss="weighted", batch_size=8).model_dump()["loss"] == "weighted"
+
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.events, self.lrs = [], []
+
+    def on_train_begin(self, model, optimizer):
+        self.events.append(("begin", model, optimizer))
+
+    def on_batch(self, step, batch):
+        self.events.append(("batch", step, batch))
+
+    def on_step_end(self, step, model, optimizer):
+        self.events.append(("step_end", step))
+        first = optimizer.param_groups[0]["params"][0]
+        assert int(optimizer.state[first]["step"]) == step  # after optimizer.step()
+        self.lrs.append(optimizer.param_groups[0]["lr"])  # after scheduler.step(): the next step's rate
+
+    def on_evaluate(self, step, metrics):
+        self.events.append(("evaluate", step, dict(metrics)))
+
+
+def test_callbacks_see_every_step_and_evaluation(checkpoint, tmp_path):
+    model = new_model(checkpoint)
+    scores = iter([0.3, 0.1, 0.2])  # steps 0, 2, 4; lower is better here
+    recorder = Recorder()
+    args = tiny_args(max_steps=4, eval_every=2, eval_at_start=True, hard_negatives=1)
+    result = train_bi_encoder(model, InBatchSoftmaxLoss(model), make_examples(n=8), args, tmp_path,
+                              evaluator=FnEvaluator(lambda m: next(scores), greater_is_better=False),
+                              callbacks=[recorder], progress=False)
+    assert result["best_step"] == 2 and result["best_metric"] == pytest.approx(0.1)
+    assert result["start_metric"] == pytest.approx(0.3)
+    kinds = [e[0] if e[0] in ("begin", "batch", "step_end") else e[:2] for e in recorder.events]
+    assert kinds == ["begin", ("evaluate", 0), "batch", "step_end", "batch", "step_end", ("evaluate", 2),
+                     "batch", "step_end", "batch", "step_end", ("evaluate", 4)]
+    assert recorder.events[0][1] is model and isinstance(recorder.events[0][2], torch.optim.Optimizer)
+    assert [e[1] for e in recorder.events if e[0] == "batch"] == [1, 2, 3, 4]
+    assert [e[1] for e in recorder.events if e[0] == "step_end"] == [1, 2, 3, 4]
+    assert [e[2] for e in recorder.events if e[0] == "evaluate"] == [
+        {"dev": 0.3, "other": -1.0}, {"dev": 0.1, "other": -1.0}, {"dev": 0.2, "other": -1.0}]
+    q, p, n, w = recorder.events[2][2]
+    assert q["input_ids"].shape[0] == 4 and p["input_ids"].shape[0] == 4 and n["input_ids"].shape[0] == 4
+    assert torch.equal(w, torch.ones(4))
+    lrs = [h["lr"] for h in result["history"]]
+    assert recorder.lrs[:-1] == pytest.approx(lrs[1:]) and recorder.lrs[-1] == 0.0
+
+
+class MomentumLoss(InBatchSoftmaxLoss, TrainerCallback):
+    """A loss with state of its own: an EMA copy of the query projection, updated after each step."""
+
+    def __init__(self, model, momentum=0.5):
+        super().__init__(model)
+        self.momentum = momentum
+        self.register_buffer("ema", model.query_projection.weight.detach().clone())
+
+    def on_step_end(self, step, model, optimizer):
+        with torch.no_grad():
+            self.ema.mul_(self.momentum).add_(model.query_projection.weight, alpha=1 - self.momentum)
+
+
+class Snapshots(TrainerCallback):
+    def __init__(self):
+        self.weights = []
+
+    def on_step_end(self, step, model, optimizer):
+        self.weights.append(model.query_projection.weight.detach().clone())
+
+
+def test_loss_that_is_a_callback_updates_its_state(checkpoint, tmp_path):
+    model = new_model(checkpoint)
+    loss = MomentumLoss(model, momentum=0.75)
+    initial = loss.ema.clone()
+    snapshots = Snapshots()
+    train_bi_encoder(model, loss, make_examples(n=8), tiny_args(max_steps=3, hard_negatives=0), tmp_path,
+                     callbacks=[snapshots, loss], progress=False)  # listed again: still called once
+    assert len(snapshots.weights) == 3
+    expected = initial
+    for weight in snapshots.weights:  # ema <- 0.75 ema + 0.25 w after each step
+        expected = expected.mul(0.75).add(weight, alpha=0.25)
+    assert not torch.equal(loss.ema, initial)
+    assert torch.equal(loss.ema, expected)
+
+
+def test_resume_restores_the_loss_state(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    args = tiny_args(max_steps=4, checkpoint_every=2, hard_negatives=0)
+    one = new_model(checkpoint, seed=1)
+    one_loss = MomentumLoss(one)
+    train_bi_encoder(one, one_loss, examples, args, tmp_path / "one", progress=False)
+
+    class Crash(Exception):
+        pass
+
+    class CrashAtStep3(TrainerCallback):
+        def on_step_end(self, step, model, optimizer):
+            if step == 3:
+                raise Crash
+
+    first = new_model(checkpoint, seed=1)
+    with pytest.raises(Crash):
+        train_bi_encoder(first, MomentumLoss(first), examples, args, tmp_path / "two",
+                         callbacks=[CrashAtStep3()], progress=False)
+    second = new_model(checkpoint, seed=3)  # its EMA starts elsewhere: the checkpoint must restore it
+    second_loss = MomentumLoss(second)
+    result = train_bi_encoder(second, second_loss, examples, args, tmp_path / "two", progress=False)
+    assert result["resumed_from"].endswith("step-0000002")
+    assert torch.allclose(one_loss.ema, second_loss.ema, atol=1e-6, rtol=0)
+    assert torch.allclose(one.query_projection.weight, second.query_projection.weight, atol=1e-6, rtol=0)

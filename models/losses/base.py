@@ -2,7 +2,7 @@
 around the model; `forward` encodes, then calls `compute_loss_from_embeddings`)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,11 @@ class EmbeddingLoss(nn.Module):
 
     `negative_batch` holds the hard negatives, question-major: rows i*N .. i*N+N-1 belong to
     question i (N per question). The scale comes from `model.similarity_scale` unless given.
+    `uses_weights` says whether the loss consumes per-example weights: the trainer hands the
+    batch's weights only to a loss that does, and refuses weighted examples for one that does not.
     """
+
+    uses_weights: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, scale: float | None = None) -> None:
         super().__init__()

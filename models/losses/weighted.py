@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +28,8 @@ class WeightedInBatchSoftmaxLoss(EmbeddingLoss):
     many silver pairs a batch holds (zero-weight rows are ignored entirely). `normalization`
     selects the alternatives. Hard negatives, when given, widen the logits as in paper 003 4.3.
     """
+
+    uses_weights: ClassVar[bool] = True
 
     def __init__(self, model, scale: float | None = None,
                  normalization: WeightNormalization | str = WeightNormalization.SUM_OF_WEIGHTS) -> None:

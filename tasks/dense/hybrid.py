@@ -1,4 +1,4 @@
-"""Fusion of BM25 and dense runs: linear score fusion (papers 000, 003) and RRF (paper 003).
+"""Fusion of retrieval runs (BM25, dense, ...): linear score fusion (papers 000, 003) and RRF (paper 003).
 
 Both take and return RUNS tables (tasks.schemas.RUNS). Ties are broken deterministically.
 """
@@ -45,6 +45,56 @@ def _top(run: pa.Table, depth: int | None) -> pa.Table:
     return run
 
 
+def fuse_linear(
+    runs: Sequence[pa.Table],
+    weights: Sequence[float],
+    k: int = 100,
+    system: str = "fusion",
+    missing: str = "min",
+    depth: int | None = None,
+) -> pa.Table:
+    """Fuse N runs by ``score = sum_i weights[i] * score_i`` over the union of their lists.
+
+    Candidates are, per question, the union of all input lists (``depth`` first cuts each list to
+    ranks <= depth; None keeps all rows given; a pid listed twice keeps its best score).
+    A passage missing from run i gets, with ``missing='min'``, run i's minimum score for that
+    question (it scored at most that, since it was not retrieved); with ``missing='zero'``, 0.
+    A question absent from run i entirely gets 0 on that side.
+    Ties: fused score, then the real score of runs[0], runs[1], ... (a passage found by a list
+    beats one filled in), then pid. Returns the top ``k`` per question as a RUNS table.
+    """
+    if missing not in ("min", "zero"):
+        raise ValueError(f"missing must be 'min' or 'zero', got {missing!r}")
+    if not runs:
+        raise ValueError("no runs to fuse")
+    if len(weights) != len(runs):
+        raise ValueError(f"{len(runs)} runs but {len(weights)} weights")
+    cols = [f"s{i}" for i in range(len(runs))]
+    sides = [_top(run, depth).select(["qid", "pid", "score"]).group_by(["qid", "pid"])
+             .aggregate([("score", "max")]).rename_columns(["qid", "pid", col])
+             for run, col in zip(runs, cols)]
+    joined = sides[0]
+    for side in sides[1:]:
+        joined = joined.join(side, keys=["qid", "pid"], join_type="full outer")
+    if joined.num_rows == 0:
+        return RUNS.empty_table()
+    qids = np.asarray(joined["qid"].to_pylist(), dtype=str)
+    pids = np.asarray(joined["pid"].to_pylist(), dtype=str)
+    fused, ties = None, []
+    for side, col, w in zip(sides, cols, weights):
+        raw = joined[col].to_numpy(zero_copy_only=False).astype(np.float64)  # nulls -> nan
+        gaps = np.isnan(raw)
+        filled = np.where(gaps, 0.0, raw)
+        if missing == "min":
+            mins = side.group_by("qid").aggregate([(col, "min")])
+            lookup = dict(zip(mins["qid"].to_pylist(), mins[f"{col}_min"].to_pylist()))
+            filled[gaps] = [lookup.get(q, 0.0) for q in qids[gaps]]
+        term = float(w) * filled
+        fused = term if fused is None else fused + term
+        ties.append(np.where(gaps, -np.inf, raw))
+    return _rank_table(qids, pids, [fused] + ties, k, system, fused)
+
+
 def linear_fusion(
     bm25_runs: pa.Table,
     dense_runs: pa.Table,
@@ -54,49 +104,59 @@ def linear_fusion(
     missing: str = "min",
     depth: int | None = None,
 ) -> pa.Table:
-    """Fuse two runs by ``score = dense + weight * bm25`` over the union of their lists.
+    """Fuse two runs by ``score = dense + weight * bm25``: ``fuse_linear([dense, bm25], [1, weight])``.
 
     The weight multiplies the BM25 side (weight 0 = the dense ranking; the dense score's scale
-    stays fixed, as in DPR's hybrid). Candidates are, per question, the union of both input lists
-    (``depth`` first cuts each list to ranks <= depth; None keeps all rows given).
-    A passage missing from one list gets, with ``missing='min'``, that list's minimum score for
-    that question (it scored at most that, since it was not retrieved); with ``missing='zero'``, 0.
-    A question absent from one run entirely gets 0 on that side.
-    Ties: fused score, then the real dense score, then the real BM25 score (a passage found by a
-    list beats one filled in), then pid. Returns the top ``k`` per question as a RUNS table.
+    stays fixed, as in DPR's hybrid). Ties: fused score, then dense, then BM25 score, then pid.
     """
-    if missing not in ("min", "zero"):
-        raise ValueError(f"missing must be 'min' or 'zero', got {missing!r}")
-    bm = _top(bm25_runs, depth).rename_columns(["qid", "pid", "bm_rank", "bm"])
-    de = _top(dense_runs, depth).rename_columns(["qid", "pid", "de_rank", "de"])
-    bm = bm.select(["qid", "pid", "bm"]).group_by(["qid", "pid"]).aggregate([("bm", "max")]) \
-        .rename_columns(["qid", "pid", "bm"])
-    de = de.select(["qid", "pid", "de"]).group_by(["qid", "pid"]).aggregate([("de", "max")]) \
-        .rename_columns(["qid", "pid", "de"])
-    joined = bm.join(de, keys=["qid", "pid"], join_type="full outer")
-    if joined.num_rows == 0:
-        return RUNS.empty_table()
-    qids = np.asarray(joined["qid"].to_pylist(), dtype=str)
-    pids = np.asarray(joined["pid"].to_pylist(), dtype=str)
-    bm_raw = joined["bm"].to_numpy(zero_copy_only=False).astype(np.float64)  # nulls -> nan
-    de_raw = joined["de"].to_numpy(zero_copy_only=False).astype(np.float64)
+    return fuse_linear([dense_runs, bm25_runs], [1.0, weight], k=k, system=system, missing=missing, depth=depth)
 
-    def fill(raw: np.ndarray, side: pa.Table, col: str) -> np.ndarray:
-        out = raw.copy()
-        if missing == "zero":
-            return np.where(np.isnan(out), 0.0, out)
-        mins = side.group_by("qid").aggregate([(col, "min")])
-        lookup = dict(zip(mins["qid"].to_pylist(), mins[f"{col}_min"].to_pylist()))
-        gaps = np.isnan(out)
-        out[gaps] = [lookup.get(q, 0.0) for q in qids[gaps]]
-        return out
 
-    bm_f = fill(bm_raw, bm, "bm")
-    de_f = fill(de_raw, de, "de")
-    fused = de_f + float(weight) * bm_f
-    tie_de = np.where(np.isnan(de_raw), -np.inf, de_raw)
-    tie_bm = np.where(np.isnan(bm_raw), -np.inf, bm_raw)
-    return _rank_table(qids, pids, [fused, tie_de, tie_bm], k, system, fused)
+def choose_weights(
+    runs: Sequence[pa.Table],
+    evaluate_fn: Callable[[pa.Table], float],
+    grid: Sequence[float] = DEFAULT_GRID,
+    k: int = 100,
+    missing: str = "min",
+    rounds: int = 3,
+    system: str = "fusion",
+) -> tuple[tuple[float, ...], dict[tuple[float, ...], float]]:
+    """Pick `fuse_linear` weights on the dev split by coordinate ascent over ``grid``.
+
+    runs[0] is the anchor (weight 1.0); the others start at the grid point nearest 1.0. Each round,
+    for each other run in order, every grid point is tried with the rest fixed and the one whose
+    fused run scores highest under ``evaluate_fn`` is kept (higher is better; ties go to the
+    earlier grid point). Stops when a round changes nothing or after ``rounds`` rounds. With two
+    runs this is an exhaustive grid search. Returns (best weights, {weights: score}) over every
+    weights tuple evaluated; each tuple includes the anchor's 1.0.
+    """
+    if not len(grid):
+        raise ValueError("grid is empty")
+    if len(runs) < 2:
+        raise ValueError("need at least two runs to weight")
+    grid = [float(g) for g in grid]
+    start = min(grid, key=lambda g: abs(g - 1.0))  # the first of equally near points
+    weights = [1.0] + [start] * (len(runs) - 1)
+    scores: dict[tuple[float, ...], float] = {}
+
+    def score(ws: tuple[float, ...]) -> float:
+        if ws not in scores:
+            scores[ws] = float(evaluate_fn(fuse_linear(runs, ws, k=k, system=system, missing=missing)))
+        return scores[ws]
+
+    for _ in range(rounds):
+        changed = False
+        for i in range(1, len(runs)):
+            best_w, best_s = grid[0], -np.inf  # grid[0] if every score is nan or -inf
+            for w in grid:
+                s = score(tuple(weights[:i] + [w] + weights[i + 1:]))
+                if s > best_s:
+                    best_w, best_s = w, s
+            changed |= best_w != weights[i]
+            weights[i] = best_w
+        if not changed:
+            break
+    return tuple(weights), scores
 
 
 def choose_weight(
@@ -107,21 +167,12 @@ def choose_weight(
     k: int = 100,
     missing: str = "min",
 ) -> tuple[float, dict[float, float]]:
-    """Pick the BM25 weight on the dev split: the grid point whose fused run scores highest under
-    ``evaluate_fn`` (higher is better; ties go to the earlier grid point).
+    """Pick the BM25 weight of `linear_fusion` on the dev split: the grid point whose fused run
+    scores highest under ``evaluate_fn`` (higher is better; ties go to the earlier grid point).
     Returns (best weight, {weight: score})."""
-    if not len(grid):
-        raise ValueError("grid is empty")
-    scores: dict[float, float] = {}
-    best_w, best_s = None, -np.inf
-    for w in grid:
-        s = float(evaluate_fn(linear_fusion(bm25_dev, dense_dev, w, k=k, missing=missing)))
-        scores[float(w)] = s
-        if s > best_s:
-            best_w, best_s = float(w), s
-    if best_w is None:  # every score was nan or -inf
-        best_w = float(grid[0])
-    return best_w, scores
+    (_, best), scores = choose_weights([dense_dev, bm25_dev], evaluate_fn, grid, k=k, missing=missing,
+                                       system="hybrid")
+    return best, {ws[1]: s for ws, s in scores.items()}
 
 
 def reciprocal_rank_fusion(

@@ -1,6 +1,6 @@
-"""The dev metric that picks a training run's checkpoint: the share of dev questions with a gold
-passage in the model's top k over a small pool (the dev documents' passages plus optional random
-distractors). Cheap enough to run a few times per training run on a CPU."""
+"""The dev metric that picks a training run's checkpoint (TopKDevEvaluator): the share of dev
+questions with a gold passage in the model's top k over a small pool (the dev documents' passages
+plus optional random distractors). Cheap enough to run a few times per training run on a CPU."""
 from __future__ import annotations
 
 import random
@@ -55,12 +55,26 @@ def top_k_hit_rate(query_vectors: np.ndarray, passage_vectors: np.ndarray, gold_
     return float(np.mean([bool(gold & set(row.tolist())) for gold, row in zip(gold_idx, top)]))
 
 
-def make_dev_metric(qids: list[str], queries: list[str], pool: list[tuple[str, str]], gold_idx: dict[str, set[int]],
-                    k: int, encode: Callable[[object, list, str], np.ndarray]) -> Callable[[object], float]:
-    """A `dev_metric(model) -> float` for the trainer. `encode(model, texts, side)` returns vectors."""
-    gold_list = [gold_idx[q] for q in qids]
+class TopKDevEvaluator:
+    """The trainer's checkpoint chooser, in sentence-transformers' evaluator shape:
+    `evaluator(model) -> {primary_metric: share of questions with a gold pool passage in the top k}`.
 
-    def dev_metric(model) -> float:
-        return top_k_hit_rate(encode(model, queries, "query"), encode(model, pool, "passage"), gold_list, k)
+    `encode(model, texts, side)` returns vectors (side 'query' for the question texts, 'passage'
+    for the pool's (title, text) pairs); `gold_idx` maps each qid to its gold indices in the pool.
+    """
 
-    return dev_metric
+    greater_is_better = True
+
+    def __init__(self, qids: list[str], queries: list[str], pool: list[tuple[str, str]],
+                 gold_idx: dict[str, set[int]], k: int, encode: Callable[[object, list, str], np.ndarray],
+                 name: str = "dev") -> None:
+        if len(qids) != len(queries):
+            raise ValueError(f"{len(qids)} qids but {len(queries)} queries")
+        self.queries, self.pool, self.k, self.encode = queries, pool, k, encode
+        self.gold = [gold_idx[q] for q in qids]
+        self.primary_metric = f"{name}_top{k}"
+
+    def __call__(self, model) -> dict[str, float]:
+        hit_rate = top_k_hit_rate(self.encode(model, self.queries, "query"),
+                                  self.encode(model, self.pool, "passage"), self.gold, self.k)
+        return {self.primary_metric: hit_rate}

@@ -1,4 +1,5 @@
-"""Training examples from the pipeline's tables: question, gold passage, BM25 hard-negative pool."""
+"""Training examples from the pipeline's data: pairs (query, positive passage, weight) and a
+negatives table (qid, pid, strategy, rank). Any generator, miner or labeller feeds any trainer."""
 from __future__ import annotations
 
 import random
@@ -6,36 +7,52 @@ import random
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.evaluation.has_answer import has_answer
 from tasks.training.data import TrainExample
 
 
-def training_examples(train, questions: pa.Table, passages: pa.Table, gold: pa.Table, bm25_runs: pa.Table,
-                      split: str = "train") -> list[TrainExample]:
-    """Questions of `split` with a gold passage; negatives: BM25 passages without an answer
-    (paper 003 section 4.1, "BM25 filtered by answer"), the top M per question. `train` carries
-    negative_pool, hard_negatives, max_questions, batch_size and seed (tasks.config.DenseTrainConfig)."""
+def examples_from_pairs(pairs: pa.Table, negatives: pa.Table | None, passages: pa.Table, *, negative_pool: int,
+                        hard_negatives: int, batch_size: int, seed: int, max_questions: int | None = None,
+                        split: str | None = "train") -> list[TrainExample]:
+    """One example per pair of `split` (None: all); its hard-negative pool is the top
+    `negative_pool` (M, paper 003 section 4.3) of the query's negatives by rank (several
+    strategies: interleaved by rank). Pairs without negatives are dropped when `hard_negatives` > 0."""
     by_pid = {p["pid"]: (p["title"], p["text"]) for p in passages.select(["pid", "title", "text"]).to_pylist()}
-    gold_of: dict[str, str] = {}
-    for qid, pid in zip(gold.column("qid").to_pylist(), gold.column("pid").to_pylist()):
-        gold_of.setdefault(qid, pid)
-    ranked: dict[str, list[str]] = {}
-    for qid, pid in zip(bm25_runs.column("qid").to_pylist(), bm25_runs.column("pid").to_pylist()):
-        ranked.setdefault(qid, []).append(pid)
+    if split is not None:
+        pairs = pairs.filter(pc.equal(pairs.column("split"), split))
+    ranked: dict[str, list[tuple[int, str]]] = {}
+    if negatives is not None:
+        for qid, pid, rank in zip(*(negatives.column(c).to_pylist() for c in ("qid", "pid", "rank"))):
+            ranked.setdefault(qid, []).append((rank, pid))
     examples = []
-    for q in questions.filter(pc.equal(questions.column("split"), split)).to_pylist():
-        positive = gold_of.get(q["qid"])
-        if positive is None:
+    for row in pairs.to_pylist():
+        pool = []
+        for _, pid in sorted(ranked.get(row["qid"], [])):
+            if pid != row["pid"] and pid not in pool:
+                pool.append(pid)
+        pool = pool[:negative_pool]
+        if hard_negatives and not pool:
             continue
-        negatives = [by_pid[p] for p in ranked.get(q["qid"], [])
-                     if p != positive and not has_answer(q["answers"], by_pid[p][1])][: train.negative_pool]
-        if train.hard_negatives and not negatives:
-            continue
-        examples.append(TrainExample(qid=q["qid"], query=q["question"], positive=by_pid[positive],
-                                     positive_id=positive, negatives=negatives))
-    if train.max_questions is not None and len(examples) > train.max_questions:
-        examples = random.Random(train.seed).sample(examples, train.max_questions)
-    if len(examples) < train.batch_size:
-        raise ValueError(f"only {len(examples)} training questions in split {split!r} "
-                         f"(batch size {train.batch_size}): check the split")
+        examples.append(TrainExample(qid=row["qid"], query=row["query"], positive=by_pid[row["pid"]], positive_id=row["pid"],
+                                     negatives=[by_pid[p] for p in pool], weight=float(row["weight"])))
+    if max_questions is not None and len(examples) > max_questions:
+        examples = random.Random(seed).sample(examples, max_questions)
+    if len(examples) < batch_size:
+        raise ValueError(f"only {len(examples)} training pairs in split {split!r} "
+                         f"(batch size {batch_size}): check the split and the pairs")
     return examples
+
+
+def training_examples(train, questions: pa.Table, passages: pa.Table, gold: pa.Table, bm25_runs: pa.Table,
+                      split: str = "train", match_type: str = "string") -> list[TrainExample]:
+    """Gold pairs of `split` with answer-free BM25 negatives, in one call (benchmarks use it; the
+    pipeline runs the same three steps as stages). `train` carries negative_pool, hard_negatives,
+    max_questions, batch_size and seed."""
+    from tasks.gold.linking import gold_pairs
+    from tasks.negatives.mining import answer_free_negatives
+
+    in_split = questions.filter(pc.equal(questions.column("split"), split))
+    text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    negatives = answer_free_negatives(bm25_runs, in_split, text, gold, "bm25", depth=10**9, match_type=match_type)
+    return examples_from_pairs(gold_pairs(in_split, gold), negatives, passages, negative_pool=train.negative_pool,
+                               hard_negatives=train.hard_negatives, batch_size=train.batch_size, seed=train.seed,
+                               max_questions=train.max_questions, split=split)

@@ -4,8 +4,10 @@ checkpoints, evaluates and saves).
 AdamW without decay on biases and LayerNorm weights, linear warm-up then linear decay, gradient
 clipping, bf16 autocast on CUDA, optional gradient checkpointing, fixed seeds.
 Checkpoints (out_dir/checkpoints/step-XXXXXXX/) hold everything needed to continue exactly: the
-model, optimizer, scheduler, sampler position, collator RNG, python/numpy/torch RNG states and the
-history; a run started on an out_dir that holds checkpoints resumes from the latest one.
+model, the loss module's own parameters and buffers, optimizer, scheduler, sampler position,
+collator RNG, python/numpy/torch RNG states and the history; a run started on an out_dir that holds
+checkpoints resumes from the latest one. Callbacks (tasks/training/callbacks.py) own any other
+state they keep.
 """
 from __future__ import annotations
 
@@ -18,14 +20,15 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from .callbacks import TrainerCallback
 from .data import Collator, TrainExample, UniqueBatchSampler
 
 log = logging.getLogger(__name__)
@@ -33,28 +36,52 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
 STATE_NAME = "trainer_state.pt"
+LOSS_STATE_NAME = "loss.pt"  # the loss module's own parameters and buffers (not the model's)
 
 
-@dataclass
-class TrainerArgs:
-    lr: float = 2e-5
-    batch_size: int = 32
-    epochs: int = 1
-    max_steps: int | None = None  # overrides epochs when given
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 2.0
-    hard_negatives: int = 1
-    query_max_len: int = 32
-    passage_max_len: int = 128
-    seed: int = 42
-    bf16: str | bool = "auto"  # 'auto': on for CUDA only
-    gradient_checkpointing: bool = False
-    checkpoint_every: int | None = None  # steps
-    eval_every: int | None = None  # steps; needs dev_metric
-    eval_at_start: bool = False  # score the untrained model too: step 0 can win if training hurts
-    keep_checkpoints: int = 2
-    device: str = "auto"
+class Evaluator(Protocol):
+    """sentence-transformers' evaluator shape: `evaluator(model)` returns named metrics, one of
+    which, `primary_metric`, picks the checkpoint (higher is better unless greater_is_better is
+    False). tasks/training/dev_metric.py has the pipeline's."""
+
+    primary_metric: str
+    greater_is_better: bool
+
+    def __call__(self, model: nn.Module) -> Mapping[str, float]: ...
+
+
+class TrainerArgs(BaseModel):
+    """The trainer's settings (a pydantic model, so it validates and renders as a Prefect UI form;
+    a pipeline config may subclass it to add its own fields). The device is not a setting of the
+    run: it is `train_bi_encoder(device=...)`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(2e-5, gt=0, description="peak learning rate (AdamW)")
+    batch_size: int = Field(32, ge=1, description="questions per step; every other question's passages are its in-batch negatives")
+    epochs: int = Field(1, ge=1, description="passes over the examples (ignored when max_steps is given)")
+    max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (none on biases and LayerNorm)")
+    max_grad_norm: Optional[float] = Field(2.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
+    hard_negatives: int = Field(1, ge=0, description="hard negatives per question per step")
+    query_max_len: int = Field(32, ge=1, description="query tokens")
+    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
+    seed: int = Field(42, description="seeds the sampler, the negative draws and the initial RNG state")
+    bf16: Literal["auto", "on", "off"] = Field(
+        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support, off otherwise (true/false: on/off)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
+    checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
+    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations (needs an evaluator); one at the end always")
+    eval_at_start: bool = Field(False, description="evaluate the untrained model too: step 0 can win if training hurts")
+    keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
+
+    @field_validator("bf16", mode="before")
+    @classmethod
+    def _bf16_from_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -88,12 +115,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def use_bf16(flag: str | bool, device: torch.device) -> bool:
+    """TrainerArgs.bf16 ('auto', 'on', 'off'; True/False too) -> whether to autocast to bf16."""
     if flag == "auto":
         return device.type == "cuda" and torch.cuda.is_bf16_supported()
-    if flag and device.type != "cuda":
-        warnings.warn("bf16=True only applies on CUDA; training in fp32 on " + device.type)
+    on = flag == "on" if isinstance(flag, str) else bool(flag)
+    if on and device.type != "cuda":
+        warnings.warn("bf16 only applies on CUDA; training in fp32 on " + device.type)
         return False
-    return bool(flag)
+    return on
 
 
 def parameter_groups(model: nn.Module, extra: nn.Module | None, weight_decay: float) -> list[dict]:
@@ -146,9 +175,15 @@ def _atomic_dir(target: Path, write: Callable[[Path], None]) -> None:
 
 
 def _wants_weights(loss_fn: nn.Module) -> bool:
-    from models.losses import WeightedInBatchSoftmaxLoss
+    """A loss declares it consumes per-example weights with the class attribute `uses_weights`."""
+    return bool(getattr(loss_fn, "uses_weights", False))
 
-    return isinstance(loss_fn, WeightedInBatchSoftmaxLoss)
+
+def _own_state_keys(loss_fn: nn.Module, model: nn.Module) -> list[str]:
+    """The loss module's state_dict keys that are not the model's tensors (its own parameters and
+    buffers: a learned temperature, momentum encoders, queues)."""
+    model_tensors = {id(t) for t in model.state_dict(keep_vars=True).values()}
+    return [k for k, t in loss_fn.state_dict(keep_vars=True).items() if id(t) not in model_tensors]
 
 
 def _to(batch: dict[str, torch.Tensor] | None, device: torch.device):
@@ -206,18 +241,26 @@ def train_bi_encoder(
     examples: Sequence[TrainExample],
     args: TrainerArgs,
     out_dir: str | Path,
-    dev_metric: Callable[[nn.Module], float] | None = None,
+    evaluator: Evaluator | None = None,
     progress: bool = True,
     tokenizer: Any = None,
+    device: str = "auto",
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> dict:
     """Train `model` with `loss_fn` (a module built around `model`) on `examples`.
 
+    `evaluator` (sentence-transformers' evaluator shape: `evaluator(model) -> {name: value}` with
+    `primary_metric` and `greater_is_better`) picks the checkpoint: its primary metric is the dev
+    metric. `device`: 'auto' picks CUDA when present. `callbacks` (and the loss module itself when
+    it is a TrainerCallback, first) are called at the points documented in
+    tasks/training/callbacks.py.
+
     Returns {history: [{step, loss, lr}], best_step, best_metric, start_metric,
     dev_curve: [(step, metric)] of this run's evaluations, seconds, pairs_per_second,
-    total_steps, resumed_from}. `lr` is the rate used for that step's update. Higher dev_metric is
-    better. out_dir gets checkpoints/, best/ (best model; the final one without dev_metric),
-    final/, history.json and loss_curve.png. Progress: a tqdm bar, or with progress=False a log
-    line about every 10% of the steps.
+    total_steps, resumed_from}. `lr` is the rate used for that step's update. out_dir gets
+    checkpoints/, best/ (best model; the final one without an evaluator), final/, history.json and
+    loss_curve.png. Progress: a tqdm bar, or with progress=False a log line about every 10% of the
+    steps.
     """
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
@@ -229,14 +272,20 @@ def train_bi_encoder(
         raise ValueError("no tokenizer: pass tokenizer= or give the model one")
     weighted = _wants_weights(loss_fn)
     if not weighted and any(float(e.weight) != 1.0 for e in examples):
-        raise ValueError(f"examples carry weights but {type(loss_fn).__name__} ignores them; "
-                         "use WeightedInBatchSoftmaxLoss")
+        raise ValueError(f"examples carry weights but {type(loss_fn).__name__} ignores them (uses_weights is "
+                         "False); use WeightedInBatchSoftmaxLoss")
+
+    hooks: list[TrainerCallback] = [loss_fn] if isinstance(loss_fn, TrainerCallback) else []
+    hooks += [c for c in callbacks if c is not loss_fn]
+    primary = evaluator.primary_metric if evaluator is not None else None
+    greater_is_better = bool(getattr(evaluator, "greater_is_better", True))
 
     seed_everything(args.seed)
-    device = resolve_device(args.device)
+    device = resolve_device(device)
     bf16 = use_bf16(args.bf16, device)
     model.to(device)
     loss_fn.to(device)
+    loss_own_keys = _own_state_keys(loss_fn, model)
     if args.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
 
@@ -262,6 +311,12 @@ def train_bi_encoder(
         state = torch.load(ckpt / STATE_NAME, map_location="cpu", weights_only=False)
         _load_model_weights(model, ckpt / "model")
         model.to(device)
+        if (ckpt / LOSS_STATE_NAME).is_file():
+            own = torch.load(ckpt / LOSS_STATE_NAME, map_location=device, weights_only=False)
+            missing, unexpected = loss_fn.load_state_dict(own, strict=False)
+            if unexpected or set(missing) & set(loss_own_keys):
+                raise ValueError(f"{ckpt / LOSS_STATE_NAME} does not fit {type(loss_fn).__name__}: missing "
+                                 f"{sorted(set(missing) & set(loss_own_keys))}, unexpected {sorted(unexpected)}")
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=device, weights_only=False))
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
         sampler.load_state_dict(state["sampler"])
@@ -280,12 +335,14 @@ def train_bi_encoder(
         def write(tmp: Path) -> None:
             tmp.mkdir(parents=True)
             model.save_pretrained(tmp / "model")
+            own = loss_fn.state_dict()
+            torch.save({k: own[k] for k in loss_own_keys}, tmp / LOSS_STATE_NAME)
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({
                 "step": step, "sampler": sampler.state_dict(), "collator": collator.state_dict(),
                 "rng": rng_states(), "history": history, "best_step": best_step,
-                "best_metric": best_metric, "args": asdict(args),
+                "best_metric": best_metric, "args": args.model_dump(),
             }, tmp / STATE_NAME)
 
         _atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
@@ -303,20 +360,27 @@ def train_bi_encoder(
         model.eval()
         try:
             with torch.no_grad():
-                metric = float(dev_metric(model))
+                metrics = dict(evaluator(model))
         finally:
             model.train(was_training)
             set_rng_states(saved_rng)
+        if primary not in metrics:
+            raise KeyError(f"the evaluator returned {sorted(metrics)}, not its primary metric {primary!r}")
+        metric = float(metrics[primary])
         log.info("step %d dev metric %.5f", step, metric)
         dev_curve.append((step, metric))
         if history and history[-1]["step"] == step:
             history[-1]["dev_metric"] = metric
-        if best_metric is None or metric > best_metric:
+        if best_metric is None or (metric > best_metric if greater_is_better else metric < best_metric):
             best_metric, best_step = metric, step
             _atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
+        for hook in hooks:
+            hook.on_evaluate(step, metrics)
 
+    for hook in hooks:
+        hook.on_train_begin(model, optimizer)
     start_metric = None
-    if dev_metric is not None and args.eval_at_start and step == 0:
+    if evaluator is not None and args.eval_at_start and step == 0:
         evaluate()
         start_metric = best_metric
 
@@ -330,9 +394,11 @@ def train_bi_encoder(
     while step < total_steps:
         for indices in sampler:
             q, p, n, w = collator([examples[i] for i in indices])
+            q, p, n, w = _to(q, device), _to(p, device), _to(n, device), w.to(device)
+            for hook in hooks:
+                hook.on_batch(step + 1, (q, p, n, w))
             with autocast():
-                loss = loss_fn(_to(q, device), _to(p, device), _to(n, device),
-                               w.to(device) if weighted else None)
+                loss = loss_fn(q, p, n, w if weighted else None)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if args.max_grad_norm:
@@ -342,6 +408,8 @@ def train_bi_encoder(
             optimizer.step()
             scheduler.step()
             step += 1
+            for hook in hooks:
+                hook.on_step_end(step, model, optimizer)
             value = float(loss.detach().float().cpu())
             if not np.isfinite(value):
                 raise FloatingPointError(f"loss is {value} at step {step}")
@@ -351,7 +419,7 @@ def train_bi_encoder(
             if not progress and (step % log_every == 0 or step == total_steps):  # the pipeline's progress
                 log.info("train step %d/%d loss %.4f lr %.2e", step, total_steps, value, lr)
             # evaluate first, so the checkpoint records the best-so-far it has seen
-            if dev_metric is not None and args.eval_every and step % args.eval_every == 0:
+            if evaluator is not None and args.eval_every and step % args.eval_every == 0:
                 evaluate()
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save_checkpoint()
@@ -360,11 +428,11 @@ def train_bi_encoder(
     bar.close()
     seconds = time.perf_counter() - started
 
-    if dev_metric is not None and (not last_eval or last_eval[-1] != step):
+    if evaluator is not None and (not last_eval or last_eval[-1] != step):
         evaluate()
     model.eval()
     _atomic_dir(out_dir / "final", lambda d: model.save_pretrained(d))
-    if dev_metric is None:
+    if evaluator is None:
         best_step, best_metric = step, None
         _atomic_dir(out_dir / "best", lambda d: shutil.copytree(out_dir / "final", d))
 

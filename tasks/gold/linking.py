@@ -6,7 +6,9 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from tasks.schemas import GOLD
+import pyarrow.compute as pc
+
+from tasks.schemas import GOLD, PAIRS
 
 
 def link_span_gold(questions: pa.Table, passages: pa.Table) -> tuple[pa.Table, dict]:
@@ -78,3 +80,15 @@ def _stats(n_questions: int, linked_qids: Iterable[str], unlinked: dict[str, lis
         "unlinked_by_reason": {k: len(v) for k, v in unlinked.items()},
         "unlinked_examples": {k: v[:20] for k, v in unlinked.items() if v},
     }
+
+
+def gold_pairs(questions: pa.Table, gold: pa.Table) -> pa.Table:
+    """One pair per question with a relevant passage: its first gold passage (in gold order)."""
+    relevant = gold.filter(pc.greater(gold.column("relevance"), 0))
+    first: dict[str, str] = {}
+    for qid, pid in zip(relevant.column("qid").to_pylist(), relevant.column("pid").to_pylist()):
+        first.setdefault(qid, pid)
+    rows = [{"qid": q, "query": text, "pid": first[q], "source": "gold", "weight": 1.0, "split": split}
+            for q, text, split in zip(questions.column("qid").to_pylist(), questions.column("question").to_pylist(),
+                                      questions.column("split").to_pylist()) if q in first]
+    return pa.Table.from_pylist(rows, schema=PAIRS)

@@ -1,0 +1,232 @@
+"""Dense family: the model, encode and index config sections, and per dense system the stages
+encode:NAME (passages -> vectors), index:NAME (FAISS) and search:NAME (questions -> runs).
+
+Where a system's encoder comes from (its `origin`) is shared with the training family: the
+system's own trained model, another system's (`init_from: NAME`), a model artifact of any run in
+the store (`init_from: dense_model:VERSION`), a folder (`init_from: path`), or the base checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.dense.models import encode_side, for_inference, load_bi_encoder, resolve_device
+from tasks.engine import Pinned, Stage, StageParams
+from tasks.errors import InputError
+from tasks.file_identity import file_sha256
+
+logger = logging.getLogger("passage_forge")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DenseModelConfig(_Strict):
+    base: str = Field("minilm", description="backbone: 'minilm' (the offline all-MiniLM-L6-v2), a local path or a hub name")
+    shared: bool = Field(True, description="one tower for questions and passages (paper 003) or two (DPR, xMoCo)")
+    pooling: Literal["cls", "mean"] = "mean"
+    projection_dim: Optional[int] = Field(None, ge=1, description="FC layer on the pooled vector (paper 003 section 3)")
+    normalize: bool = Field(True, description="l2-normalise embeddings")
+    scale: float = Field(1.0, gt=0, description="similarity scale (paper 001 section 4.2 uses 100 with normalisation)")
+
+
+class EncodeConfig(_Strict):
+    batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(100_000, ge=1, description="passages read, tokenised and written at a time")
+    passage_max_len: int = Field(256, ge=8)
+    query_max_len: int = Field(64, ge=4)
+    dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
+    bf16: bool = Field(False, description="bf16 autocast while encoding (CUDA, or CPUs with bf16 units)")
+    int8: bool = Field(False, description="CPU only: dynamic int8 quantisation of the Linear layers (benchmarks/encoding_throughput.py measures speed and accuracy)")
+    device: str = Field("auto", description="'auto' picks CUDA when present")
+
+
+class FaissConfig(_Strict):
+    kind: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    hnsw_m: int = 32
+    ef_search: int = 128
+    nlist: Optional[int] = None
+    pq_m: Optional[int] = None
+    nprobe: int = 16
+
+
+class EncodeSettings(BaseModel):
+    """How vectors are computed (hashed wherever vectors are computed, the dev metric included)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    batch_size: int
+    passage_max_len: int
+    query_max_len: int
+    dtype: str
+    bf16: bool
+    int8: bool = False
+
+    @classmethod
+    def of(cls, encode: EncodeConfig) -> "EncodeSettings":
+        return cls(**encode.model_dump(include=set(cls.model_fields)))
+
+    def encode(self, model, texts, side: str, device: str, **kw):
+        return encode_side(model, texts, side, batch_size=self.batch_size, passage_max_len=self.passage_max_len,
+                           query_max_len=self.query_max_len, dtype=self.dtype, bf16=self.bf16, device=device, **kw)
+
+
+class Origin(BaseModel):
+    """Where a system's starting encoder comes from (see the module docstring)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: dict                             # the system's model section (base, towers, pooling, ...)
+    model_input: Optional[str] = None       # the input whose model/ folder holds the weights
+    init_path: Optional[str] = None         # a folder on this machine (not hashed: init_hash is)
+    init_hash: Optional[str] = None
+
+    def load(self, inputs: dict[str, Artifact]):
+        if self.model_input is not None:
+            return load_bi_encoder(self.model, inputs[self.model_input].subdir("model"))
+        if self.init_path is not None:
+            from models.bi_encoder import CONFIG_NAME
+
+            path = Path(self.init_path)
+            # A saved bi-encoder keeps its own towers; an exported or plain HF folder is a backbone.
+            return load_bi_encoder(self.model, path) if (path / CONFIG_NAME).is_file() else \
+                load_bi_encoder({**self.model, "base": str(path)})
+        return load_bi_encoder(self.model)
+
+
+def folder_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{f.relative_to(path)}\0{file_sha256(f)}\n".encode())
+    return digest.hexdigest()
+
+
+def origin_of(system, cfg_dir: Path | None = None, trained: bool = True) -> tuple[Origin, tuple[str, ...], dict[str, Pinned]]:
+    """(origin, input stages, pinned inputs) of `system`'s encoder: with `trained`, its own train
+    stage when it has one; otherwise where training starts from."""
+    model = system.model.model_dump()
+    if trained and system.train is not None:
+        return Origin(model=model, model_input=f"train:{system.name}"), (f"train:{system.name}",), {}
+    init = system.init_from
+    if init is None:
+        return Origin(model=model), (), {}
+    if init.startswith("dense_model:"):
+        return Origin(model=model, model_input="init"), (), {"init": Pinned("dense_model", init.split(":", 1)[1])}
+    if "/" in init or init.startswith("."):
+        path = Path(init).expanduser()
+        if not path.is_absolute():
+            path = (cfg_dir or Path.cwd()) / path
+        if not path.is_dir():
+            raise InputError(path, f"dense system {system.name!r} init_from", "no such model folder")
+        return Origin(model=model, init_path=str(path.resolve()), init_hash=folder_hash(path)), (), {}
+    return Origin(model=model, model_input=f"train:{init}"), (f"train:{init}",), {}
+
+
+# ---------------------------------------------------------------- encode, index, search
+class EncodeParams(StageParams):
+    RUNTIME = frozenset({"device", "shard_size", "origin.init_path"})
+    system: str
+    origin: Origin
+    settings: EncodeSettings
+    device: str
+    shard_size: int
+
+
+class IndexParams(StageParams):
+    kind: str
+    hnsw_m: int
+    ef_search: int
+    nlist: Optional[int]
+    pq_m: Optional[int]
+    nprobe: int
+
+
+class SearchParams(EncodeParams):
+    k: int
+
+
+def _log(message: str) -> None:
+    logger.info(message)
+
+
+def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    """Encode the passages shard by shard (`shard_size` rows read, tokenised and written at a
+    time), so memory is bounded by a shard, not by the corpus."""
+    import pyarrow.parquet as pq
+
+    from storage.parquet import ParquetTableWriter
+    from tasks.dense.encode import embeddings_table
+
+    device = resolve_device(params.device)
+    files = inputs["chunk"].table_files()
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    model = for_inference(params.origin.load(inputs), device, params.settings.int8)
+    writer, done, dim = None, 0, 0
+    for f in files:
+        for shard in pq.ParquetFile(f).iter_batches(batch_size=params.shard_size, columns=["pid", "title", "text"]):
+            pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
+            vectors = params.settings.encode(model, pairs, "passage", device, done=done, total=total, log=_log)
+            table = embeddings_table(shard.column("pid").to_pylist(), vectors)
+            writer = writer or ParquetTableWriter(out, table.schema)
+            writer.write_batch(table)
+            done, dim = done + len(pairs), int(vectors.shape[1])
+    if writer is None:
+        raise ValueError("encode: the passages table is empty")
+    writer.close()
+    return {"stats": {"passages": done, "dim": dim, "shard_size": params.shard_size}}
+
+
+def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense import faiss_index
+    from tasks.dense.encode import vectors_from_table
+
+    _, vectors = vectors_from_table(inputs["encode"].read_table())
+    index = faiss_index.build_index(vectors.astype("float32"), kind=params.kind, hnsw_m=params.hnsw_m,
+                                    ef_search=params.ef_search, nlist=params.nlist, pq_m=params.pq_m, nprobe=params.nprobe)
+    faiss_index.save_index(index, out / "index")
+    return {"stats": faiss_index.index_params(index)}
+
+
+def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense import faiss_index
+
+    device = resolve_device(params.device)
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
+    pids = inputs["encode"].read_table(columns=["pid"]).column("pid")
+    model = for_inference(params.origin.load(inputs), device, params.settings.int8)
+    vectors = params.settings.encode(model, questions.column("question").to_pylist(), "query", device, log=_log)
+    index = faiss_index.load_index(inputs["index"].subdir("index"))
+    runs = faiss_index.search(index, vectors.astype("float32"), params.k, pids, questions.column("qid"), system=params.system)
+    write_table(out, runs)
+    return {"stats": {"queries": questions.num_rows, "hits": runs.num_rows}}
+
+
+def _renamed(build, **keys):
+    """`build` with inputs also reachable under generic keys (e.g. 'encode' for 'encode:NAME')."""
+    def run(params, inputs, out):
+        return build(params, {**inputs, **{alias: inputs[name] for alias, name in keys.items()}}, out)
+    return run
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    if cfg.dense is None:
+        return []
+    out = []
+    enc, settings = cfg.dense.encode, EncodeSettings.of(cfg.dense.encode)
+    for system in cfg.dense.systems:
+        n = system.name
+        origin, model_stages, pinned = origin_of(system, cfg.config_dir)
+        common = dict(system=n, origin=origin, settings=settings, device=enc.device,
+                      shard_size=enc.shard_size)
+        variant = {"system": n}
+        out.append(Stage(f"encode:{n}", "embeddings", "2", ("chunk", *model_stages), EncodeParams(**common),
+                         _renamed(build_encode), pinned=pinned, variant=variant))
+        out.append(Stage(f"index:{n}", "faiss_index", "1", (f"encode:{n}",), IndexParams(**cfg.dense.index.model_dump()),
+                         _renamed(build_index, encode=f"encode:{n}"), variant=variant))
+        out.append(Stage(f"search:{n}", "dense_runs", "2", ("ingest_questions", f"encode:{n}", f"index:{n}", *model_stages),
+                         SearchParams(**common, k=cfg.bm25.k), _renamed(build_search, encode=f"encode:{n}", index=f"index:{n}"),
+                         produces_runs=True, pinned=pinned, variant=variant))
+    return out

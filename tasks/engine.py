@@ -1,0 +1,174 @@
+"""The stage engine: the `Stage` declaration, a validated `Plan` of one config's stages, version
+planning, running a stage, and upstream resolution for single-stage reruns.
+
+A stage's builder is called as `build(params, inputs, out)`: `params` is the frozen object its
+version is hashed from, so a builder cannot read a setting its version does not record. Fields
+that only say how to compute (device, threads, shard size) are declared in the params class's
+`RUNTIME` and left out of the hash; everything else is hashed.
+Stage families (tasks/<family>/stages.py) import this module; flows/ assembles them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar, Iterator, Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from storage import Artifact, ArtifactStore, version_for
+
+logger = logging.getLogger("passage_forge")
+
+
+class StageParams(BaseModel):
+    """What a stage's builder may read. Frozen: the object hashed is the object used."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Fields that do not change the output (where and how fast it is computed): not hashed.
+    # Dotted names reach into nested models ("origin.init_path").
+    RUNTIME: ClassVar[frozenset[str]] = frozenset()
+
+    def hashed(self) -> dict:
+        exclude: dict = {}
+        for name in self.RUNTIME:
+            *parents, leaf = name.split(".")
+            node = exclude
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = True
+        return self.model_dump(mode="json", exclude=exclude)
+
+
+class NoParams(StageParams):
+    pass
+
+
+Build = Callable[[StageParams, dict[str, Artifact], Path], "dict | None"]
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """An input fixed to one artifact version (e.g. a model trained by another config's run)."""
+    artifact: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                     # what users type: pforge run ... --stage NAME
+    artifact: str                 # the artifact stage (folder and DuckDB view name)
+    code_version: str             # bump when the output for the same inputs changes
+    inputs: tuple[str, ...]       # upstream stage names of the same plan
+    params: StageParams
+    build: Build
+    produces_runs: bool = False   # its table is a runs table that the evaluation scores
+    pinned: Mapping[str, Pinned] = field(default_factory=dict)  # inputs fixed to artifact versions
+    variant: Mapping[str, str] = field(default_factory=dict)    # catalog columns telling parallel artifacts apart
+
+
+class PlanError(ValueError):
+    pass
+
+
+class Plan:
+    """The stages of one configuration, checked: unique names, declared inputs exist upstream,
+    no cycle. Iterates in an order where inputs come first (the declared order when it is one)."""
+
+    def __init__(self, stages: list[Stage], aliases: Mapping[str, str] | None = None):
+        self.aliases = dict(aliases or {})
+        by_name: dict[str, Stage] = {}
+        for stage in stages:
+            if stage.name in by_name:
+                raise PlanError(f"stage {stage.name!r} is declared twice")
+            by_name[stage.name] = stage
+        for stage in stages:
+            missing = [dep for dep in stage.inputs if dep not in by_name]
+            if missing:
+                raise PlanError(f"stage {stage.name!r} needs {missing}, which this configuration does not declare")
+        self.stages = {name: by_name[name] for name in _topological(by_name)}
+        self._planned: dict[str, str] = {}
+
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self.stages.values())
+
+    def __getitem__(self, name: str) -> Stage:
+        return self.stages[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.stages
+
+    def names(self) -> list[str]:
+        return list(self.stages)
+
+    def resolve_name(self, name: str) -> str:
+        name = self.aliases.get(name, name)
+        if name not in self.stages:
+            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(self.stages)}")
+        return name
+
+    def planned_version(self, name: str) -> str:
+        """The version `name` would get, computed without building anything (or opening a store)."""
+        if name not in self._planned:
+            stage = self.stages[name]
+            upstream = {dep: self.planned_version(dep) for dep in stage.inputs}
+            upstream.update({key: pin.version for key, pin in stage.pinned.items()})
+            self._planned[name] = version_for(stage.artifact, stage.code_version, stage.params.hashed(), upstream)
+        return self._planned[name]
+
+    def pinned_inputs(self, store: ArtifactStore, name: str) -> dict[str, Artifact]:
+        out = {}
+        for key, pin in self.stages[name].pinned.items():
+            artifact = store.get(pin.artifact, pin.version)
+            if artifact is None:
+                raise RuntimeError(f"stage {name!r} needs {pin.artifact} {pin.version}, which is not in {store.root}: "
+                                   "run the configuration that builds it first")
+            out[key] = artifact
+        return out
+
+    def upstream_for_single_stage(self, store: ArtifactStore, name: str) -> dict[str, Artifact]:
+        """Inputs for rerunning one stage: the upstream artifacts this config produces, else the latest."""
+        inputs = {}
+        for dep in self.stages[name].inputs:
+            artifact = self.stages[dep].artifact
+            found = store.get(artifact, self.planned_version(dep)) or store.latest(artifact)
+            if found is None:
+                raise RuntimeError(f"stage {name!r} needs {dep!r}, which has never run: run the pipeline first")
+            inputs[dep] = found
+        return {**inputs, **self.pinned_inputs(store, name)}
+
+
+def _topological(stages: Mapping[str, Stage]) -> list[str]:
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            raise PlanError(f"stage inputs form a cycle: {' -> '.join((*path, name))}")
+        state[name] = "visiting"
+        for dep in stages[name].inputs:
+            visit(dep, (*path, name))
+        state[name] = "done"
+        order.append(name)
+
+    for name in stages:
+        visit(name, ())
+    return order
+
+
+def run_stage(store: ArtifactStore, stage: Stage, inputs: dict[str, Artifact],
+              before_commit: Callable[[Path], None] | None = None) -> Artifact:
+    """Build `stage` into the store (a cache hit when its version exists). `before_commit` runs on
+    the finished folder before it becomes visible: if it fails, nothing is registered."""
+    def build(out: Path):
+        extra = stage.build(stage.params, inputs, out)
+        if before_commit is not None:
+            before_commit(out)
+        if stage.variant:
+            extra = {**(extra or {}), "variant": dict(stage.variant)}
+        return extra
+
+    artifact = store.materialize(stage.artifact, stage.code_version, stage.params.hashed(), inputs, build)
+    logger.info("%s: %s %s (%s)", stage.name, stage.artifact, artifact.version, "cache hit" if artifact.cache_hit else "built")
+    return artifact

@@ -1,0 +1,52 @@
+"""Evaluation family: the `evaluation:` config section and the evaluate stage, which scores every
+system that produces runs on the same questions (answer-match accuracy, qrels metrics) and writes
+the per-question results, the metrics table and a report."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.engine import Stage, StageParams
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ks: list[int] = Field(default_factory=lambda: [1, 5, 10, 20, 100])
+    match_type: Literal["string", "regex"] = "string"
+    ignore_identical_ids: Optional[bool] = Field(
+        None, description="drop a retrieved passage of the query's own document (BEIR's rule for corpora whose "
+                          "queries are documents); empty: on for BEIR input, off otherwise")
+
+
+class EvaluateParams(StageParams):
+    title: str
+    ks: list[int]
+    match_type: str
+    ignore_identical_ids: bool
+    runs: list[str]  # input stages whose runs are scored
+
+
+def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.evaluation.evaluate import evaluate_runs
+
+    results, metrics, report = evaluate_runs(
+        inputs["ingest_questions"].read_table("questions"), inputs["chunk"].read_table(columns=["pid", "doc_id", "text"]),
+        inputs["link_gold"].read_table(), [inputs[name].read_table() for name in params.runs],
+        title=params.title, ks=params.ks, match_type=params.match_type, ignore_identical_ids=params.ignore_identical_ids,
+        gold_stats=inputs["link_gold"].manifest.get("stats", {}))
+    write_table(out, results, name="question_results")
+    write_table(out, metrics, name="metrics")
+    (out / "report.md").write_text(report, encoding="utf-8")
+    return {"stats": {"systems": sorted(set(metrics.column("system").to_pylist()))}}
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    runs = [s.name for s in earlier if s.produces_runs]
+    e = cfg.evaluation
+    ignore = e.ignore_identical_ids if e.ignore_identical_ids is not None else cfg.data.beir is not None
+    params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs)
+    return [Stage("evaluate", "evaluation", "2", ("ingest_questions", "chunk", "link_gold", *runs), params, build_evaluation)]

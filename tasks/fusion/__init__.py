@@ -1,0 +1,1 @@
+"""Fusion of runs (the library is tasks/dense/hybrid.py): the `fusion:` config section and its stages."""

@@ -1,0 +1,128 @@
+"""Fusion family: systems that fuse the runs of other systems, each an evaluated system.
+
+- `fusion:` entries: linear fusion of any runs (runs[0] weight 1, the others' weights chosen on
+  the dev split by coordinate search over a grid), or reciprocal rank fusion (paper 003 section
+  4.4, k=60), as stage `fusion:NAME`.
+- `dense.hybrid` (papers 000 and 003): BM25 + one dense system, linear, the BM25 weight chosen on
+  dev; stage `hybrid`, system `hybrid(NAME)`.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.engine import Stage, StageParams
+
+logger = logging.getLogger("passage_forge")
+TuneMetric = Literal["auto", "accuracy", "ndcg"]
+
+
+class _Tuning(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tune_split: str = Field("dev", description="split on which the weights are chosen")
+    tune_k: int = Field(20, ge=1, description="cut-off of the metric maximised when choosing the weights")
+    tune_metric: TuneMetric = Field(
+        "auto", description="top-k answer accuracy, or nDCG@k on the gold qrels; 'auto': accuracy when questions carry answers")
+
+
+class HybridConfig(_Tuning):
+    system: str = Field(..., description="the dense system fused with BM25 (papers 000 and 003)")
+
+
+class FusionConfig(_Tuning):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$", description="system name in runs and metrics")
+    method: Literal["linear", "rrf"] = Field("linear", description="weighted score sum, or reciprocal rank fusion")
+    runs: list[str] = Field(..., min_length=2, description="systems fused: bm25, dense systems, earlier fusions; "
+                                                            "linear: the first keeps weight 1")
+    rrf_k: int = Field(60, ge=1, description="RRF's k (paper 003 section 4.4, after Cormack et al. 2009)")
+    rounds: int = Field(3, ge=1, description="linear: coordinate-search rounds over the weights")
+
+
+class FusionParams(StageParams):
+    system: str
+    method: str
+    runs: list[str]          # input stage names, in fusion order
+    tune_split: str
+    tune_k: int
+    tune_metric: str
+    rrf_k: int
+    rounds: int
+    k: int
+    match_type: str
+
+
+def build_fusion(params: FusionParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense.hybrid import choose_weights, fuse_linear, reciprocal_rank_fusion
+
+    runs = [inputs[name].read_table() for name in params.runs]
+    if params.method == "rrf":
+        write_table(out, reciprocal_rank_fusion(runs, k_rrf=params.rrf_k, k=params.k, system=params.system))
+        return {"stats": {"method": "rrf", "rrf_k": params.rrf_k}}
+    metric, score_fn, tune_ids = _tuning(params, inputs)
+
+    def on_tune(run: pa.Table) -> pa.Table:
+        return run.filter(pc.is_in(run.column("qid"), value_set=tune_ids))
+
+    weights, scores = choose_weights([on_tune(r) for r in runs], score_fn, k=params.k, rounds=params.rounds)
+    best = scores[weights]
+    logger.info("%s: weights %s chosen on %s (%s %.4f)", params.system, weights, params.tune_split, metric, best)
+    write_table(out, fuse_linear(runs, weights, k=params.k, system=params.system))
+    stats = {"weights": [[run, w] for run, w in zip(params.runs, weights)],  # in fusion order "tune_split": params.tune_split, "tune_metric": metric,
+             "tune_score": best}
+    if len(runs) == 2:  # the BM25 weight of a hybrid, and its curve
+        stats["weight"] = weights[1]
+        stats["tune_scores"] = {str(w[1]): v for w, v in scores.items()}
+    return {"stats": stats}
+
+
+def _tuning(params: FusionParams, inputs: dict[str, Artifact]):
+    from tasks.dense.hybrid import tune_scorer
+
+    questions = inputs["ingest_questions"].read_table("questions")
+    tune = questions.filter(pc.equal(questions.column("split"), params.tune_split))
+    if tune.num_rows == 0:
+        raise ValueError(f"{params.system}: no questions in split {params.tune_split!r} to choose the weights on")
+    passages = inputs["chunk"].read_table(columns=["pid", "text"])
+    passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    metric, score_fn = tune_scorer(params.tune_metric, tune, passage_text, inputs["link_gold"].read_table(),
+                                   params.tune_k, params.match_type)
+    return metric, score_fn, tune.column("qid")
+
+
+def _run_stages(earlier: list[Stage]) -> dict[str, str]:
+    """{system name: the stage that produces its runs}."""
+    return {s.variant["system"]: s.name for s in earlier if s.produces_runs and "system" in s.variant}
+
+
+def _stage(cfg, name: str, system: str, method: str, run_stages: list[str], tuning: _Tuning, **extra) -> Stage:
+    params = FusionParams(system=system, method=method, runs=run_stages, rrf_k=extra.get("rrf_k", 60),
+                          rounds=extra.get("rounds", 1), k=cfg.bm25.k, match_type=cfg.evaluation.match_type,
+                          **tuning.model_dump(include=set(_Tuning.model_fields)))
+    tuning_inputs = ("ingest_questions", "chunk", "link_gold") if method == "linear" else ()
+    return Stage(name, "hybrid_runs", "3", (*tuning_inputs, *run_stages), params, build_fusion,
+                 produces_runs=True, variant={"system": system})
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    known = _run_stages(earlier)
+    out = []
+    hybrid = cfg.dense.hybrid if cfg.dense else None
+    if hybrid is not None:
+        # The dense run is the anchor (weight 1), BM25 gets the tuned weight (DPR's hybrid).
+        out.append(_stage(cfg, "hybrid", f"hybrid({hybrid.system})", "linear",
+                          [known[hybrid.system], known["bm25"]], hybrid))
+    for fusion in cfg.fusion:
+        known.update(_run_stages(out))
+        missing = [r for r in fusion.runs if r not in known]
+        if missing:
+            raise ValueError(f"fusion {fusion.name!r}: unknown systems {missing}; systems so far: {sorted(known)}")
+        out.append(_stage(cfg, f"fusion:{fusion.name}", fusion.name, fusion.method, [known[r] for r in fusion.runs],
+                          fusion, rrf_k=fusion.rrf_k, rounds=fusion.rounds))
+    return out

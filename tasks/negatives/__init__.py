@@ -1,0 +1,1 @@
+"""Hard negatives: mining strategies (mining.py) and their stage family (stages.py)."""

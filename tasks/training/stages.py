@@ -1,0 +1,128 @@
+"""Training family: a dense system's `train:` section and its stage train:NAME, which reads pairs
+and negatives artifacts as data, starts from the system's origin (base checkpoint, another
+system's model, a model artifact or a folder), trains with a loss from the registry, keeps the
+best of the evaluated checkpoints by the dev metric, and saves and exports the encoder."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from storage import Artifact
+from tasks.dense.models import resolve_device
+from tasks.dense.stages import EncodeSettings, Origin, origin_of
+from tasks.engine import Stage, StageParams
+from tasks.training.trainer import TrainerArgs
+
+logger = logging.getLogger("passage_forge")
+
+
+class DenseTrainConfig(TrainerArgs):
+    """The trainer's settings plus what the pipeline feeds it (defaults sized for a CPU)."""
+    loss: str = Field("dpr", description="loss by name from models.losses.LOSSES: dpr, bidirectional, weighted")
+    pairs: list[Literal["gold"]] = Field(default_factory=lambda: ["gold"], min_length=1,
+                             description="pairs artifacts trained on (pairs:NAME stages): gold")
+    negatives: list[Literal["bm25"]] = Field(default_factory=lambda: ["bm25"],
+                                             description="negatives artifacts the pool is drawn from (negatives:NAME stages)")
+    split: str = Field("train", description="the split whose pairs are trained on")
+    batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
+    # Paper 003 section 4.3: N hard negatives per question per step, drawn from its pool of M.
+    negative_pool: int = Field(10, ge=1, description="M: the top negatives per question the N are drawn from")
+    max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many pairs")
+    eval_at_start: bool = Field(True, description="with select_on_dev: the untrained model is a candidate too")
+    # Checkpoint selection on dev (paper 000, Experiment, implementation details: "dev set results
+    # to select the final checkpoint"; paper 003 section 5.3: recall@1 on dev for early stopping).
+    select_on_dev: bool = Field(True, description="keep the best of the base model and the evaluated steps by dev top-k accuracy")
+    dev_split: str = Field("dev", description="questions that pick the checkpoint")
+    dev_k: int = Field(1, ge=1, description="dev metric: share of questions with a gold passage in the top k")
+    dev_distractors: int = Field(0, ge=0, description="random passages added to the dev articles' passages as the dev pool")
+    dev_max_questions: Optional[int] = Field(None, ge=1, description="evaluate on at most this many dev questions")
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        from models.losses import LOSSES
+
+        if name not in LOSSES:
+            raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(LOSSES))}")
+        return name
+
+
+class TrainParams(StageParams):
+    RUNTIME = frozenset({"device", "origin.init_path"})
+    system: str
+    origin: Origin
+    train: DenseTrainConfig
+    dev_encode: EncodeSettings      # the dev metric encodes as the encode stage does
+    device: str
+
+
+def _dev_evaluator(params: TrainParams, inputs: dict[str, Artifact], device: str):
+    from tasks.training.dev_metric import TopKDevEvaluator, dev_pool
+
+    t = params.train
+    qids, queries, pool, gold_idx = dev_pool(
+        inputs["ingest_questions"].read_table("questions"),
+        inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
+        inputs["link_gold"].read_table(), t.dev_split, t.dev_distractors, t.dev_max_questions, t.seed)
+    logger.info("train %s: dev metric top-%d over %d %s questions and %d passages",
+                params.system, t.dev_k, len(qids), t.dev_split, len(pool))
+    return TopKDevEvaluator(qids, queries, pool, gold_idx, t.dev_k,
+                            lambda model, texts, side: params.dev_encode.encode(model, texts, side, device))
+
+
+def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    import pyarrow as pa
+
+    from models import BiEncoder
+    from models.export import export_bi_encoder
+    from models.losses import build_loss
+    from tasks.training.examples import examples_from_pairs
+    from tasks.training.trainer import train_bi_encoder
+
+    t, device = params.train, resolve_device(params.device)
+    pairs = pa.concat_tables([inputs[f"pairs:{name}"].read_table() for name in t.pairs])
+    negatives = pa.concat_tables([inputs[f"negatives:{name}"].read_table() for name in t.negatives]) if t.negatives else None
+    examples = examples_from_pairs(pairs, negatives, inputs["chunk"].read_table(columns=["pid", "title", "text"]),
+                                   negative_pool=t.negative_pool, hard_negatives=t.hard_negatives, batch_size=t.batch_size,
+                                   seed=t.seed, max_questions=t.max_questions, split=t.split)
+    model = params.origin.load(inputs)
+    loss = build_loss(t.loss, model)
+    evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
+    args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
+    logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
+    result = train_bi_encoder(model, loss, examples, args, out / "training", evaluator=evaluator, progress=False, device=device)
+    if result["best_step"] != len(result["history"]):
+        logger.info("train %s: keeping step %s (dev metric %.4f), not the last step", params.system,
+                    result["best_step"], result["best_metric"])
+        model = BiEncoder.from_pretrained(out / "training" / "best")
+    model.save_pretrained(out / "model")
+    export_bi_encoder(model, out / "export")
+    for copy in ("best", "final"):  # model/ holds the chosen weights; history and curve stay
+        shutil.rmtree(out / "training" / copy, ignore_errors=True)
+    history = result["history"]
+    return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
+                      "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
+                      "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
+                      "seconds": result["seconds"]}}
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    if cfg.dense is None:
+        return []
+    out = []
+    for system in cfg.dense.systems:
+        if system.train is None:
+            continue
+        t = system.train
+        origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
+        data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)
+        params = TrainParams(system=system.name, origin=origin, train=t, dev_encode=EncodeSettings.of(cfg.dense.encode),
+                             device=cfg.dense.encode.device)
+        out.append(Stage(f"train:{system.name}", "dense_model", "3",
+                         ("ingest_questions", "chunk", "link_gold", *data, *origin_stages), params, build_train,
+                         pinned=pinned, variant={"system": system.name}))
+    return out

@@ -1,0 +1,177 @@
+"""The stage engine: what each stage's version hashes, the plan of every shipped config, and the
+engine's own checks (unknown inputs, cycles, pinned inputs)."""
+from pathlib import Path
+
+import pytest
+
+from flows.registry import FAMILIES, plan_for
+from tasks.config import PROJECT_ROOT, FusionConfig, PipelineConfig, load_config
+from tasks.engine import NoParams, Pinned, Plan, PlanError, Stage, StageParams
+
+# nq-open-dpr-tsv.yaml needs DPR's passage file, which this machine lacks (tests/test_input_sources.py
+# checks that planning it names the missing file).
+CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem != "nq-open-dpr-tsv")
+# What may stay out of a version: where and how fast a stage computes, never what it computes.
+RUNTIME_ALLOWED = {"device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths", "origin.init_path"}
+
+
+def _config(**changes) -> PipelineConfig:
+    """The tiny config with two dense systems (one trained), a hybrid and an RRF fusion."""
+    raw = load_config(PROJECT_ROOT / "configs" / "tiny.yaml").model_dump()
+    raw["dense"] = {"systems": [{"name": "zs"}, {"name": "tr", "train": {"max_steps": 2}}],
+                    "hybrid": {"system": "tr"}}
+    raw["fusion"] = [{"name": "rrf", "method": "rrf", "runs": ["bm25", "zs", "tr"]}]
+    raw = PipelineConfig.model_validate(raw).model_dump()  # every field spelled out, to be changed
+    for dotted, value in changes.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[leaf] = value
+    return PipelineConfig.model_validate(raw)
+
+
+def _own(cfg: PipelineConfig, stage: str) -> dict:
+    return plan_for(cfg)[stage].params.hashed()
+
+
+# (stage, a change inside its parameters, a change outside them)
+CASES = [
+    ("ingest_documents", {"data.wikipedia_max_pages": 5}, {"chunk.words": 50}),
+    ("ingest_questions", {"split.seed": 1}, {"bm25.k1": 1.2}),
+    ("chunk", {"chunk.words": 50}, {"split.seed": 1}),
+    ("link_gold", None, {"chunk.words": 50}),
+    ("bm25_index", None, {"bm25.k1": 1.2}),
+    ("bm25_search", {"bm25.k1": 1.2}, {"chunk.words": 50}),
+    ("negatives:bm25", {"negatives.bm25.depth": 20}, {"bm25.k1": 1.2}),
+    ("pairs:gold", None, {"negatives.bm25.depth": 20}),
+    # The dev metric encodes with dense.encode's settings: they are the train stage's too.
+    ("train:tr", {"dense.encode.passage_max_len": 128}, {"dense.index.kind": "hnsw"}),
+    ("train:tr", {"dense.encode.query_max_len": 16}, {"dense.encode.shard_size": 10}),
+    ("train:tr", {"dense.encode.batch_size": 8}, {"dense.hybrid.tune_k": 5}),
+    ("train:tr", {"dense.systems.1.train.lr": 1e-4}, {"dense.systems.0.model.pooling": "cls"}),
+    ("encode:zs", {"dense.encode.passage_max_len": 128}, {"dense.index.kind": "hnsw"}),
+    ("encode:tr", {"dense.encode.dtype": "float16"}, {"dense.systems.1.train.lr": 1e-4}),
+    ("index:zs", {"dense.index.kind": "hnsw"}, {"dense.encode.batch_size": 8}),
+    ("search:zs", {"dense.encode.query_max_len": 16}, {"dense.index.kind": "hnsw"}),
+    ("hybrid", {"dense.hybrid.tune_k": 5}, {"dense.encode.batch_size": 8}),
+    ("fusion:rrf", {"fusion.0.rrf_k": 10}, {"dense.hybrid.tune_k": 5}),
+    ("evaluate", {"evaluation.ks": [1, 5]}, {"bm25.k1": 1.2}),
+]
+
+
+@pytest.mark.parametrize("stage,inside,outside", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_a_stage_hashes_exactly_its_own_parameters(shared_data, stage, inside, outside):
+    base = _own(_config(), stage)
+    assert _own(_config(**outside), stage) == base
+    if inside is not None:
+        assert _own(_config(**inside), stage) != base
+
+
+def test_every_family_is_covered_by_the_version_cases(shared_data):
+    declared = {s.name for s in plan_for(_config())}
+    assert declared == {c[0] for c in CASES} | {"encode:tr", "index:tr", "search:tr"}
+    assert len(FAMILIES) == len({f.__name__ for f in FAMILIES})
+
+
+def test_the_train_stage_version_follows_the_dev_metric_encoding(shared_data):
+    # Regression: the train stage's checkpoint choice encodes the dev pool with dense.encode's
+    # batch size and lengths; a change there must not return a model chosen under other settings.
+    plan, changed = plan_for(_config()), plan_for(_config(**{"dense.encode.passage_max_len": 64}))
+    assert plan.planned_version("train:tr") != changed.planned_version("train:tr")
+    assert plan.planned_version("bm25_search") == changed.planned_version("bm25_search")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_plans_a_valid_dag(shared_data, path):
+    plan = plan_for(load_config(path))
+    names = plan.names()
+    for stage in plan:
+        assert set(stage.inputs) <= set(names[:names.index(stage.name)])  # inputs come first, no cycle
+        assert stage.params.RUNTIME <= RUNTIME_ALLOWED
+        plan.planned_version(stage.name)
+    assert names[-1] == "evaluate"
+    runs = [s.name for s in plan if s.produces_runs]
+    assert set(plan["evaluate"].inputs) >= set(runs) and "bm25_search" in runs
+
+
+def _stage(name, inputs=(), **kw):
+    return Stage(name, name.replace(":", "_"), "1", tuple(inputs), NoParams(), lambda p, i, o: None, **kw)
+
+
+def test_the_plan_refuses_unknown_inputs_cycles_and_duplicates():
+    with pytest.raises(PlanError, match="needs \\['b'\\]"):
+        Plan([_stage("a", ["b"])])
+    with pytest.raises(PlanError, match="cycle: a -> b -> a"):
+        Plan([_stage("a", ["b"]), _stage("b", ["a"])])
+    with pytest.raises(PlanError, match="declared twice"):
+        Plan([_stage("a"), _stage("a")])
+    plan = Plan([_stage("c", ["a", "b"]), _stage("b", ["a"]), _stage("a")])
+    assert plan.names() == ["a", "b", "c"]
+
+
+def test_pinned_inputs_enter_the_version_and_must_exist(tmp_path):
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path)
+    one = Plan([_stage("x", pinned={"init": Pinned("dense_model", "v1")})])
+    two = Plan([_stage("x", pinned={"init": Pinned("dense_model", "v2")})])
+    assert one.planned_version("x") != two.planned_version("x")
+    with pytest.raises(RuntimeError, match="dense_model v1"):
+        one.pinned_inputs(store, "x")
+
+
+def test_runtime_fields_stay_out_of_the_hash_and_dotted_names_reach_nested_models():
+    class Inner(StageParams):
+        path: str
+        digest: str
+
+    class Outer(StageParams):
+        RUNTIME = frozenset({"device", "inner.path"})
+        device: str
+        inner: Inner
+        k: int
+
+    a = Outer(device="cpu", inner=Inner(path="/a", digest="d"), k=1)
+    b = Outer(device="cuda", inner=Inner(path="/b", digest="d"), k=1)
+    assert a.hashed() == b.hashed() == {"inner": {"digest": "d"}, "k": 1}
+    with pytest.raises(Exception):
+        a.k = 2  # frozen: the object hashed is the object the builder reads
+
+
+def test_fusion_of_an_unknown_system_is_refused(shared_data):
+    cfg = _config().model_copy(update={"fusion": [FusionConfig(name="f", runs=["bm25", "nope"])]})
+    with pytest.raises(ValueError, match="unknown systems \\['nope'\\]"):
+        plan_for(cfg)
+
+
+def test_init_from_another_config_pins_its_planned_model(shared_data, tmp_path):
+    (tmp_path / "a.yaml").write_text(f"extends: {PROJECT_ROOT / 'configs' / 'squad-open.yaml'}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"extends: {PROJECT_ROOT / 'configs' / 'nfcorpus-dense.yaml'}\n"
+        "dense:\n  systems:\n    - name: transfer\n      init_from: a.yaml:minilm-dpr\n  hybrid: null\n")
+    source = plan_for(load_config(tmp_path / "a.yaml")).planned_version("train:minilm-dpr")
+    plan = plan_for(load_config(tmp_path / "b.yaml"))
+    assert plan["encode:transfer"].pinned == {"init": Pinned("dense_model", source)}
+    assert "train:minilm-dpr" not in plan
+
+
+def test_a_failing_publication_registers_nothing(tmp_path):
+    from storage import ArtifactStore
+    from storage.parquet import write_table
+    from tasks.engine import run_stage
+    import pyarrow as pa
+
+    def build(params, inputs, out):
+        write_table(out, pa.table({"x": [1]}))
+
+    def publish(out):
+        assert (out / "data").is_dir()  # it sees the finished folder
+        raise ValueError("publication refused")
+
+    store = ArtifactStore(tmp_path)
+    stage = Stage("evaluate", "evaluation", "1", (), NoParams(), build)
+    with pytest.raises(ValueError, match="publication refused"):
+        run_stage(store, stage, {}, before_commit=publish)
+    assert store.list_artifacts() == [] and store.latest("evaluation") is None
+    assert run_stage(store, stage, {}).rows == 1
