@@ -122,13 +122,13 @@ class ArtifactStore:
         # The folder is the truth (a committed folder is complete even before its catalog row).
         return self._load(stage, version)
 
-    def latest(self, stage: str) -> Artifact | None:
+    def latest(self, stage: str, variant: Mapping[str, str] | None = None) -> Artifact | None:
         """Newest committed version by created_at (a later cache hit on an older one does not
-        make it latest)."""
+        make it latest); with `variant`, the newest of that variant (e.g. one system's)."""
         # Rescan this stage's folder: another process may have committed since the store opened.
         self._index.update(self._committed_in(paths.stage_dir(self.root, stage)))
         mine = [(parse_created_at(m["created_at"]), v) for (s, v), (m, p) in self._index.items()
-                if s == stage and p.is_dir()]
+                if s == stage and p.is_dir() and (variant is None or (m.get("variant") or {}) == dict(variant))]
         return self._load(stage, max(mine)[1]) if mine else None
 
     def stages_of(self, version: str) -> list[str]:

@@ -129,8 +129,9 @@ class Plan:
         """Inputs for rerunning one stage: the upstream artifacts this config produces, else the latest."""
         inputs = {}
         for dep in self.stages[name].inputs:
-            artifact = self.stages[dep].artifact
-            found = store.get(artifact, self.planned_version(dep)) or store.latest(artifact)
+            upstream = self.stages[dep]
+            found = (store.get(upstream.artifact, self.planned_version(dep))
+                     or store.latest(upstream.artifact, upstream.variant or None))
             if found is None:
                 raise RuntimeError(f"stage {name!r} needs {dep!r}, which has never run: run the pipeline first")
             inputs[dep] = found

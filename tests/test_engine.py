@@ -175,3 +175,30 @@ def test_a_failing_publication_registers_nothing(tmp_path):
         run_stage(store, stage, {}, before_commit=publish)
     assert store.list_artifacts() == [] and store.latest("evaluation") is None
     assert run_stage(store, stage, {}).rows == 1
+
+
+def test_a_single_stage_rerun_takes_the_latest_artifact_of_its_own_system(tmp_path):
+    import pyarrow as pa
+
+    from storage import ArtifactStore
+    from storage.parquet import write_table
+    from tasks.engine import run_stage
+
+    class Params(StageParams):
+        system: str
+
+    def runs_of(system):
+        return lambda params, inputs, out: write_table(out, pa.table({"system": [params.system]})) and None
+
+    store = ArtifactStore(tmp_path)
+    searches = [Stage(f"search:{s}", "dense_runs", "1", (), Params(system=s), runs_of(s), variant={"system": s})
+                for s in ("a", "b")]
+    for stage in searches:
+        run_stage(store, stage, {})
+    # The plan's own version of search:a is absent (its code changed): fall back to the latest
+    # search:a, not to search:b, which was built later.
+    changed = Stage("search:a", "dense_runs", "2", (), Params(system="a"), runs_of("a"), variant={"system": "a"})
+    plan = Plan([changed, searches[1], _stage("fuse", ["search:a", "search:b"])])
+    inputs = plan.upstream_for_single_stage(store, "fuse")
+    assert inputs["search:a"].read_table().column("system").to_pylist() == ["a"]
+    assert inputs["search:b"].read_table().column("system").to_pylist() == ["b"]
