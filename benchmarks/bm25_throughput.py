@@ -1,7 +1,7 @@
 """BM25 throughput and quality: Lucene (Anserini index, in-process batch search) vs bm25s, same run.
 
     python benchmarks/bm25_throughput.py --passages PASSAGES.parquet --questions QUESTIONS.parquet \
-        --k 100 --threads 2 [--out results.json]
+        --k 100 --threads 2 [--repeat 5] [--out results.json]
 
 Without --passages/--questions it builds its own corpus from SQuAD dev (--squad, default
 ../shared/data/squad/dev-v1.1-partial.json): every paragraph's context cut into 100-word chunks,
@@ -10,9 +10,16 @@ titled with the article; questions with their answer strings.
 For both systems on the same passages and questions it measures: index build time, batch search
 throughput end to end (query text in, a RUNS pyarrow table out, i.e. including reading the results
 into Python), and top-20 answer accuracy (DPR has_answer). Both use k1=0.9, b=0.4; bm25s uses the
-PyStemmer English stemmer, English stopwords and method='lucene'. JVM start is timed on its own and
-reported beside (never inside) the search times. Searches run --repeat times; the first (cold) and
-the best of the rest (warm) are reported.
+PyStemmer English stemmer, English stopwords and method='lucene'.
+
+Timing (benchmarks/timing.py): each system first builds its index and searches all the questions
+once (warm-ups, the first in the process); then the index is built --repeat times per system, then
+all the questions are searched --repeat times per system, alternated with the order swapped each
+repeat. Reported: median (min-max) per system and the ratio of medians with its range, "parity"
+where the ranges overlap. The first build and search are shown on their own, one measurement per
+system and no ratio: Lucene's include the JVM JIT's warm-up, bm25s (numpy) has none, so they are
+not peers (the pipeline searches once per process, so its BM25 stage pays Lucene's warm-up).
+JVM start is timed once and reported beside (never inside) the search times.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import timing  # noqa: E402
 
 from tasks.schemas import RUNS  # noqa: E402
 
@@ -92,66 +100,72 @@ def load_inputs(args) -> tuple[pa.Table, pa.Table, str]:
 
 
 # --------------------------------------------------------------------------- systems
-def run_lucene(passages, queries, k, threads, workdir: Path, repeat: int) -> dict:
-    t0 = time.perf_counter()
-    from tasks.bm25.jvm import ensure_jvm
+class Lucene:
+    """Anserini's index and the in-process forge.BatchSearch (tasks.bm25)."""
 
-    ensure_jvm()
-    jvm_s = time.perf_counter() - t0
-    from tasks.bm25.index import build_bm25_index
-    from tasks.bm25.search import bm25_search
+    name = "lucene (Anserini index, forge.BatchSearch)"
 
-    index_dir = workdir / "lucene-index"
-    stats = build_bm25_index(passages, index_dir, threads=threads)
-    times, parts, runs = [], [], None
-    for _ in range(repeat):
-        timing: dict = {}
-        t = time.perf_counter()
-        runs = bm25_search(index_dir, queries, k=k, k1=K1, b=B, threads=threads, system="lucene",
-                           timings=timing)
-        times.append(time.perf_counter() - t)
-        parts.append(timing)
-    best = int(np.argmin(times[1:])) + 1 if len(times) > 1 else 0
-    return {"system": "lucene (Anserini index, forge.BatchSearch)", "jvm_start_s": jvm_s,
-            "index_s": stats["seconds"], "index_stats": stats, "search_s": times,
-            "search_parts": parts[best], "runs": runs, "best": best}
+    def __init__(self, passages, queries, k, threads, workdir: Path):
+        t0 = time.perf_counter()
+        from tasks.bm25.jvm import ensure_jvm
+
+        ensure_jvm()
+        self.jvm_start_s = time.perf_counter() - t0
+        self.passages, self.queries, self.k, self.threads = passages, queries, k, threads
+        self.index_dir = workdir / "lucene-index"
+        self.stats: dict = {}
+        self.parts: list[dict] = []
+
+    def build(self, _repeat: int) -> None:
+        from tasks.bm25.index import build_bm25_index
+
+        self.stats = build_bm25_index(self.passages, self.index_dir, threads=self.threads)  # replaces it
+
+    def search(self, _repeat: int) -> pa.Table:
+        from tasks.bm25.search import bm25_search
+
+        parts: dict = {}
+        runs = bm25_search(self.index_dir, self.queries, k=self.k, k1=K1, b=B, threads=self.threads,
+                           system="lucene", timings=parts)
+        self.parts.append(parts)
+        return runs
 
 
-def run_bm25s(passages, queries, k, threads, repeat: int) -> dict:
-    import bm25s
-    import Stemmer
+class BM25s:
+    """bm25s (numpy backend, method='lucene'), with the results read into the same RUNS table."""
 
-    stemmer = Stemmer.Stemmer("english")
-    titles = passages.column("title").to_pylist()
-    texts = passages.column("text").to_pylist()
-    pids = passages.column("pid").combine_chunks()
-    corpus = [f"{t}\n{x}" if t else x for t, x in zip(titles, texts)]
-    t = time.perf_counter()
-    tokens = bm25s.tokenize(corpus, stopwords="en", stemmer=stemmer, show_progress=False)
-    retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
-    retriever.index(tokens, show_progress=False)
-    index_s = time.perf_counter() - t
-    qids = pa.array([q for q, _ in queries], pa.string())
-    texts_q = [x for _, x in queries]
-    kk = min(k, len(corpus))
-    times, runs = [], None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        q_tokens = bm25s.tokenize(texts_q, stopwords="en", stemmer=stemmer, show_progress=False)
-        docs, scores = retriever.retrieve(q_tokens, k=kk, n_threads=threads, show_progress=False)
+    def __init__(self, passages, queries, k, threads):
+        import bm25s
+        import Stemmer
+
+        self.bm25s, self.stemmer = bm25s, Stemmer.Stemmer("english")
+        self.name = f"bm25s {bm25s.__version__} (numpy, method=lucene)"
+        self.jvm_start_s = None
+        titles = passages.column("title").to_pylist()
+        self.corpus = [f"{t}\n{x}" if t else x for t, x in zip(titles, passages.column("text").to_pylist())]
+        self.pids = passages.column("pid").combine_chunks()
+        self.qids = pa.array([q for q, _ in queries], pa.string())
+        self.texts_q = [x for _, x in queries]
+        self.k, self.threads = min(k, len(self.corpus)), threads
+        self.retriever = None
+
+    def build(self, _repeat: int) -> None:
+        tokens = self.bm25s.tokenize(self.corpus, stopwords="en", stemmer=self.stemmer, show_progress=False)
+        self.retriever = self.bm25s.BM25(k1=K1, b=B, method="lucene")
+        self.retriever.index(tokens, show_progress=False)
+
+    def search(self, _repeat: int) -> pa.Table:
+        kk, n = self.k, len(self.texts_q)
+        q_tokens = self.bm25s.tokenize(self.texts_q, stopwords="en", stemmer=self.stemmer, show_progress=False)
+        docs, scores = self.retriever.retrieve(q_tokens, k=kk, n_threads=self.threads, show_progress=False)
         # Into Python as the same RUNS table Lucene gives (zero-score hits dropped: no match).
-        n = len(texts_q)
         keep = (scores > 0).ravel()
         qi = np.repeat(np.arange(n), kk)[keep]
         ranks = np.tile(np.arange(1, kk + 1, dtype=np.int32), n)[keep]
-        runs = pa.Table.from_arrays(
-            [qids.take(pa.array(qi)), pids.take(pa.array(docs.ravel()[keep])), pa.array(ranks),
+        return pa.Table.from_arrays(
+            [self.qids.take(pa.array(qi)), self.pids.take(pa.array(docs.ravel()[keep])), pa.array(ranks),
              pa.array(scores.ravel()[keep].astype(np.float32)),
              pa.repeat(pa.scalar("bm25s", pa.string()), int(keep.sum()))], schema=RUNS)
-        times.append(time.perf_counter() - t)
-    best = int(np.argmin(times[1:])) + 1 if len(times) > 1 else 0
-    return {"system": f"bm25s {bm25s.__version__} (numpy, method=lucene)", "jvm_start_s": None,
-            "index_s": index_s, "search_s": times, "runs": runs, "best": best}
 
 
 # --------------------------------------------------------------------------- quality
@@ -176,9 +190,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--squad", type=Path, default=DEFAULT_SQUAD)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3, help="search runs per system (first = cold)")
+    timing.add_repeat_argument(ap, what="index builds and searches of all the questions per system")
     ap.add_argument("--accuracy-k", type=int, default=20)
-    ap.add_argument("--systems", default="lucene,bm25s")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -189,51 +202,60 @@ def main(argv=None) -> dict:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pforge-bm25-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
-    results = []
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    for name in systems:
-        if name == "lucene":
-            r = run_lucene(passages, queries, args.k, args.threads, workdir, args.repeat)
-        elif name == "bm25s":
-            r = run_bm25s(passages, queries, args.k, args.threads, args.repeat)
-        else:
-            raise SystemExit(f"unknown system {name}")
-        runs = r.pop("runs")
-        r["rows"] = runs.num_rows
-        r["qps_cold"] = len(queries) / r["search_s"][0]
-        r["qps_warm"] = len(queries) / r["search_s"][r["best"]]
-        r[f"top{args.accuracy_k}_accuracy"] = top_k_accuracy(runs, questions, passages, has_answer,
-                                                             args.accuracy_k)
-        if r.get("jvm_start_s") is not None:
-            r["qps_cold_with_jvm_start"] = len(queries) / (r["search_s"][0] + r["jvm_start_s"])
-        results.append(r)
+    systems = {"lucene": Lucene(passages, queries, args.k, args.threads, workdir),
+               "bm25s": BM25s(passages, queries, args.k, args.threads)}
+    first_build_s, first_s = {}, {}
+    for key, system in systems.items():  # first build and search in the process: warm-ups, shown apart
+        t = time.perf_counter()
+        system.build(-1)
+        first_build_s[key] = time.perf_counter() - t
+        t = time.perf_counter()
+        system.search(-1)
+        first_s[key] = time.perf_counter() - t
+    build_s, _ = timing.alternate({key: s.build for key, s in systems.items()}, args.repeat)
+    search_s, runs = timing.alternate({key: s.search for key, s in systems.items()}, args.repeat)
 
-    out = {
-        "source": source, "passages": passages.num_rows, "questions": len(queries), "k": args.k,
-        "threads": args.threads, "k1": K1, "b": B, "has_answer": has_answer_src,
-        "cpus": os.cpu_count(), "python": platform.python_version(), "systems": results,
-    }
-    by = {r["system"].split()[0]: r for r in results}
-    if "lucene" in by and "bm25s" in by:
-        out["qps_ratio_lucene_over_bm25s_warm"] = by["lucene"]["qps_warm"] / by["bm25s"]["qps_warm"]
-        out["qps_ratio_lucene_over_bm25s_cold"] = by["lucene"]["qps_cold"] / by["bm25s"]["qps_cold"]
-
+    n_q = len(queries)
+    builds = {key: timing.summarize(v) for key, v in build_s.items()}
+    qps = {key: timing.summarize(timing.rates(n_q, v)) for key, v in search_s.items()}
     acc = f"top{args.accuracy_k}_accuracy"
-    print(f"\nBM25 throughput: {out['passages']:,} passages, {out['questions']:,} questions, "
-          f"top-{args.k}, {args.threads} threads, k1={K1} b={B} ({source})")
+    results = []
+    for key, system in systems.items():
+        results.append({
+            "system": system.name, "jvm_start_s": system.jvm_start_s, "index_s": build_s[key],
+            "search_s": search_s[key], "first_index_s": first_build_s[key], "first_search_s": first_s[key],
+            "qps": qps[key].values,
+            "qps_median": qps[key].median, "first_search_qps": n_q / first_s[key], "rows": runs[key].num_rows,
+            acc: top_k_accuracy(runs[key], questions, passages, has_answer, args.accuracy_k)})
+    qps_ratio = timing.ratio(qps["lucene"], qps["bm25s"])
+    build_ratio = timing.ratio(builds["lucene"], builds["bm25s"])
+    out = {
+        "source": source, "passages": passages.num_rows, "questions": n_q, "k": args.k,
+        "threads": args.threads, "k1": K1, "b": B, "has_answer": has_answer_src, "repeat": args.repeat,
+        "cpus": os.cpu_count(), "python": platform.python_version(), "systems": results,
+        "qps_ratio_lucene_over_bm25s": vars(qps_ratio), "index_s_ratio_lucene_over_bm25s": vars(build_ratio),
+        "lucene_index_stats": systems["lucene"].stats,
+    }
+
+    print(f"\nBM25 throughput: {out['passages']:,} passages, {n_q:,} questions, "
+          f"top-{args.k}, {args.threads} threads, k1={K1} b={B} ({source}); os.cpu_count() {os.cpu_count()}")
+    print(timing.protocol_line(args.repeat, list(systems)))
     print(f"answer check: {has_answer_src}\n")
-    print(f"| system | index build s | search s (warm) | q/s warm | q/s cold | JVM start s | {acc} |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        jvm = f"{r['jvm_start_s']:.2f}" if r.get("jvm_start_s") is not None else "-"
-        print(f"| {r['system']} | {r['index_s']:.2f} | {r['search_s'][r['best']]:.3f} | "
-              f"{r['qps_warm']:,.0f} | {r['qps_cold']:,.0f} | {jvm} | {r[acc]:.4f} |")
-    if "qps_ratio_lucene_over_bm25s_warm" in out:
-        print(f"\nq/s ratio lucene / bm25s: warm {out['qps_ratio_lucene_over_bm25s_warm']:.2f}x, "
-              f"cold {out['qps_ratio_lucene_over_bm25s_cold']:.2f}x")
-    if "lucene" in by:
-        parts = by["lucene"]["search_parts"]
-        print("lucene warm search split: " + ", ".join(f"{k} {v:.3f}s" for k, v in parts.items()))
+    rows = []
+    for key, r in zip(systems, results):
+        jvm = f"{r['jvm_start_s']:.2f}" if r["jvm_start_s"] is not None else "-"
+        rows.append([r["system"], timing.fmt_summary(builds[key], ".2f"), timing.fmt_summary(qps[key], ",.0f"),
+                     f"{r['first_index_s']:.2f} s, {r['first_search_qps']:,.0f} q/s", jvm, f"{r[acc]:.4f}"])
+    rows.append(["ratio lucene / bm25s", timing.fmt_ratio(build_ratio) + " (time)",
+                 timing.fmt_ratio(qps_ratio) + " (q/s)", "no ratio: not peers", "", ""])
+    print(timing.markdown_table(["system", "index build s median (range)", "q/s median (range)",
+                                 "first build, first search (one run each)", "JVM start s", acc], rows))
+    print("\nfirst build / first search: the first in the process, untimed warm-ups measured once per system "
+          "and not compared: Lucene's include the JVM JIT's warm-up, bm25s (numpy) has none.")
+    print("per-repeat search seconds: " + "; ".join(
+        f"{k} " + ", ".join(f"{s:.3f}" for s in v) for k, v in search_s.items()))
+    parts = systems["lucene"].parts[-1]
+    print("lucene last search split: " + ", ".join(f"{k} {v:.3f}s" for k, v in parts.items()))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2, default=str))
         print(f"\nwrote {args.out}")
