@@ -67,7 +67,7 @@ def build_fusion(params: FusionParams, inputs: dict[str, Artifact], out: Path) -
         return {"stats": {"method": "rrf", "rrf_k": params.rrf_k}}
     metric, score_fn, tune_ids = _tuning(params, inputs)
 
-    def on_tune(run: pa.Table) -> pa.Table:
+    def on_tune(run: pa.Table) -> pa.Table:  # a speed-up: the scorer reads the tuning questions only
         return run.filter(pc.is_in(run.column("qid"), value_set=tune_ids))
 
     weights, scores = choose_weights([on_tune(r) for r in runs], score_fn, k=params.k, rounds=params.rounds)
