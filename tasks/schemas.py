@@ -84,11 +84,13 @@ PAIRS = pa.schema([
     ("split", pa.string()),
 ])
 
-# Hard negatives per query, each with the strategy that mined it and its rank there.
+# Hard negatives per query, each with the strategy that mined it and its rank there. `text` is set
+# only for a negative that is not a corpus passage (half of a single-passage document).
 NEGATIVES = pa.schema([
     ("qid", pa.string()),
     ("pid", pa.string()),
     ("strategy", pa.string()),
     ("rank", pa.int32()),
     ("score", pa.float32()),
+    ("text", pa.string()),
 ])

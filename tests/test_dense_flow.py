@@ -46,7 +46,8 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
                  DenseSystemConfig(name="two-tower", model={**model, "shared": False, "pooling": "cls", "normalize": False, "scale": 1.0},
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=2, select_on_dev=False)),
                  DenseSystemConfig(name="bidi", model={**model, "pooling": "cls", "projection_dim": 16},
-                                   train=DenseTrainConfig(loss="bidirectional", batch_size=8, max_steps=2, select_on_dev=False)),
+                                   train=DenseTrainConfig(loss="bidirectional", batch_size=8, max_steps=2, select_on_dev=False,
+                                                          negatives=["bm25", "context"])),
                  # Two-stage: start from "trained" (init_from) and wreck it with a huge learning rate;
                  # choosing on dev (here the split it learned, where it is clearly better than random)
                  # must keep the starting encoder.
@@ -118,7 +119,9 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     shown = store.sql("SELECT DISTINCT system FROM embeddings ORDER BY 1").column(0).to_pylist()
     assert shown == sorted(["random", "trained", "two-tower", "bidi", "wrecked"])
     assert set(store.sql("SELECT DISTINCT system FROM dense_runs").column(0).to_pylist()) == set(shown)
-    assert store.sql("SELECT DISTINCT strategy FROM negatives").column(0).to_pylist() == ["bm25"]
+    assert store.sql("SELECT DISTINCT strategy FROM negatives ORDER BY 1").column(0).to_pylist() == ["bm25", "context"]
+    assert store.get("dense_model", versions["train:bidi"]).manifest["inputs"]["negatives:context"]["version"] == \
+        versions["negatives:context"]
     assert store.sql("SELECT DISTINCT source FROM pairs").column(0).to_pylist() == ["gold"]
     # A rerun is all cache hits: training does not run again.
     assert pipeline(config=cfg, root=str(tmp_path)) == versions

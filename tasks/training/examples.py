@@ -19,21 +19,24 @@ def examples_from_pairs(pairs: pa.Table, negatives: pa.Table | None, passages: p
     by_pid = {p["pid"]: (p["title"], p["text"]) for p in passages.select(["pid", "title", "text"]).to_pylist()}
     if split is not None:
         pairs = pairs.filter(pc.equal(pairs.column("split"), split))
-    ranked: dict[str, list[tuple[int, str]]] = {}
+    ranked: dict[str, list[tuple[int, str, str | None]]] = {}
     if negatives is not None:
-        for qid, pid, rank in zip(*(negatives.column(c).to_pylist() for c in ("qid", "pid", "rank"))):
-            ranked.setdefault(qid, []).append((rank, pid))
+        texts = negatives.column("text").to_pylist() if "text" in negatives.column_names else [None] * negatives.num_rows
+        for qid, pid, rank, text in zip(*(negatives.column(c).to_pylist() for c in ("qid", "pid", "rank")), texts):
+            ranked.setdefault(qid, []).append((rank, pid, text))
     examples = []
     for row in pairs.to_pylist():
-        pool = []
-        for _, pid in sorted(ranked.get(row["qid"], [])):
+        positive = by_pid[row["pid"]]
+        pool: dict[str, tuple] = {}
+        for _, pid, text in sorted(ranked.get(row["qid"], []), key=lambda r: (r[0], r[1])):
             if pid != row["pid"] and pid not in pool:
-                pool.append(pid)
-        pool = pool[:negative_pool]
-        if hard_negatives and not pool:
+                # A negative outside the corpus (half of the positive's document) carries its text.
+                pool[pid] = by_pid[pid] if text is None else (positive[0], text)
+        pool_list = list(pool.values())[:negative_pool]
+        if hard_negatives and not pool_list:
             continue
-        examples.append(TrainExample(qid=row["qid"], query=row["query"], positive=by_pid[row["pid"]], positive_id=row["pid"],
-                                     negatives=[by_pid[p] for p in pool], weight=float(row["weight"])))
+        examples.append(TrainExample(qid=row["qid"], query=row["query"], positive=positive, positive_id=row["pid"],
+                                     negatives=pool_list, weight=float(row["weight"])))
     if max_questions is not None and len(examples) > max_questions:
         examples = random.Random(seed).sample(examples, max_questions)
     if len(examples) < batch_size:

@@ -25,7 +25,7 @@ class DenseTrainConfig(TrainerArgs):
     loss: str = Field("dpr", description="loss by name from models.losses.LOSSES: dpr, bidirectional, weighted")
     pairs: list[Literal["gold"]] = Field(default_factory=lambda: ["gold"], min_length=1,
                              description="pairs artifacts trained on (pairs:NAME stages): gold")
-    negatives: list[Literal["bm25"]] = Field(default_factory=lambda: ["bm25"],
+    negatives: list[Literal["bm25", "context"]] = Field(default_factory=lambda: ["bm25"],
                                              description="negatives artifacts the pool is drawn from (negatives:NAME stages)")
     split: str = Field("train", description="the split whose pairs are trained on")
     batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
