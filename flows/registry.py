@@ -14,11 +14,12 @@ from tasks.evaluation import stages as evaluation
 from tasks.fusion import stages as fusion
 from tasks.gold import stages as gold
 from tasks.negatives import stages as negatives
+from tasks.qgen import stages as qgen
 from tasks.readers import stages as ingest
 from tasks.training import stages as training
 
 # Each family declares its stages from the config and the stages declared before it.
-FAMILIES = [ingest, chunking, gold, bm25, negatives, training, dense, fusion, evaluation]
+FAMILIES = [ingest, chunking, gold, bm25, qgen, negatives, training, dense, fusion, evaluation]
 
 ALIASES = {"ingest": "ingest_documents", "questions": "ingest_questions", "gold": "link_gold",
            "index": "bm25_index", "retrieve": "bm25_search", "bm25": "bm25_search", "eval": "evaluate"}

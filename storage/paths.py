@@ -31,6 +31,12 @@ def lock_file(root: Path, stage: str, version: str) -> Path:
     return root / stage / ".locks" / f"{version}.lock"
 
 
+def work_dir(root: Path, stage: str, version: str) -> Path:
+    """Scratch space of a resumable build: it survives a killed build (the next attempt at the same
+    version continues from it) and is removed once the version is committed."""
+    return root / stage / f".work-{version}"
+
+
 def new_tmp_dir(root: Path, stage: str, version: str) -> Path:
     # pid + random: several processes (or retries) never share a scratch folder.
     return root / stage / f"{TMP_PREFIX}{version}-{os.getpid()}-{secrets.token_hex(4)}"

@@ -213,6 +213,7 @@ class ArtifactStore:
             fsync_dir(final.parent)
             # Still under the version lock: a waiting writer sees the catalog row when it wakes.
             self.register(manifest, final)
+            remove_tree(paths.work_dir(self.root, stage, version))  # a resumable build's scratch
         say(f"committed {stage}/{version} ({manifest['rows']} rows, {build_s:.2f}s)")
         return Artifact(stage=stage, version=version, path=final, manifest=manifest, cache_hit=False)
 
@@ -221,6 +222,12 @@ class ArtifactStore:
         so other processes' commits appear too)."""
         self._index[(manifest["stage"], manifest["version"])] = (manifest, path)
         self.reconcile(force=True)
+
+    def work_dir(self, stage: str, code_version: str, params: dict, inputs: Mapping[str, Any] | None) -> Path:
+        """The scratch folder a resumable build of this version keeps its finished shards in."""
+        version = self.version_for(stage, code_version, normalize(params or {}),
+                                   {k: self._input_record(v)["version"] for k, v in (inputs or {}).items()})
+        return paths.work_dir(self.root, stage, version)
 
     def _cache_hit(self, stage: str, version: str, say: Progress) -> Artifact:
         art = self._load(stage, version, cache_hit=True)

@@ -13,12 +13,13 @@ from tasks.dense.stages import DenseModelConfig, EncodeConfig, FaissConfig
 from tasks.evaluation.stages import EvalConfig
 from tasks.fusion.stages import FusionConfig, HybridConfig
 from tasks.negatives.stages import NegativesConfig
+from tasks.qgen.stages import QgenConfig
 from tasks.readers.stages import PROJECT_ROOT, BeirSource, DataConfig, QaFile, QaSource, SplitConfig, SquadSource
 from tasks.training.stages import DenseTrainConfig
 
 __all__ = ["BM25Config", "BeirSource", "ChunkConfig", "ConfigError", "DataConfig", "DenseConfig", "DenseModelConfig",
            "DenseSystemConfig", "DenseTrainConfig", "EncodeConfig", "EvalConfig", "FaissConfig", "FusionConfig",
-           "HybridConfig", "NegativesConfig", "PROJECT_ROOT", "PipelineConfig", "QaFile", "QaSource", "SplitConfig",
+           "HybridConfig", "NegativesConfig", "PROJECT_ROOT", "PipelineConfig", "QgenConfig", "QaFile", "QaSource", "SplitConfig",
            "SquadSource", "load_config", "merge_config"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"  # a folder, a Prefect artifact key and a deployment name
@@ -71,6 +72,7 @@ class PipelineConfig(_Strict):
     bm25: BM25Config = Field(default_factory=BM25Config)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     negatives: NegativesConfig = Field(default_factory=NegativesConfig)
+    qgen: Optional[QgenConfig] = Field(None, description="doc2query: a generator fine-tuned on train-split pairs writes synthetic queries")
     dense: Optional[DenseConfig] = Field(None, description="dense systems (zero-shot, trained) and the hybrid")
     fusion: list[FusionConfig] = Field(default_factory=list, description="fused systems: linear (weights tuned on dev) or RRF")
     # The folder of the YAML file (relative init_from paths and config references start there).

@@ -64,6 +64,9 @@ class Stage:
     produces_runs: bool = False   # its table is a runs table that the evaluation scores
     pinned: Mapping[str, Pinned] = field(default_factory=dict)  # inputs fixed to artifact versions
     variant: Mapping[str, str] = field(default_factory=dict)    # catalog columns telling parallel artifacts apart
+    # A resumable build is called as build(params, inputs, out, work): `work` keeps its finished
+    # shards across a killed run (same version) and is removed once the artifact is committed.
+    resumable: bool = False
 
 
 class PlanError(ValueError):
@@ -162,8 +165,14 @@ def run_stage(store: ArtifactStore, stage: Stage, inputs: dict[str, Artifact],
               before_commit: Callable[[Path], None] | None = None) -> Artifact:
     """Build `stage` into the store (a cache hit when its version exists). `before_commit` runs on
     the finished folder before it becomes visible: if it fails, nothing is registered."""
+    work = store.work_dir(stage.artifact, stage.code_version, stage.params.hashed(), inputs) if stage.resumable else None
+
     def build(out: Path):
-        extra = stage.build(stage.params, inputs, out)
+        if work is not None:
+            work.mkdir(parents=True, exist_ok=True)
+            extra = stage.build(stage.params, inputs, out, work)
+        else:
+            extra = stage.build(stage.params, inputs, out)
         if before_commit is not None:
             before_commit(out)
         if stage.variant:

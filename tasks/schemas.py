@@ -94,3 +94,12 @@ NEGATIVES = pa.schema([
     ("score", pa.float32()),
     ("text", pa.string()),
 ])
+
+# Synthetic queries (doc2query, paper 002 section 3.1): the n-th distinct sampled query of a
+# passage, with its mean token log-probability under the generator.
+SYNTHETIC_QUERIES = pa.schema([
+    ("pid", pa.string()),
+    ("n", pa.int32()),
+    ("query", pa.string()),
+    ("logprob", pa.float32()),
+])

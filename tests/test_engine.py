@@ -12,7 +12,8 @@ from tasks.engine import NoParams, Pinned, Plan, PlanError, Stage, StageParams
 # checks that planning it names the missing file).
 CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem != "nq-open-dpr-tsv")
 # What may stay out of a version: where and how fast a stage computes, never what it computes.
-RUNTIME_ALLOWED = {"device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths", "origin.init_path"}
+RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths",
+                   "origin.init_path"}
 
 
 def _config(**changes) -> PipelineConfig:

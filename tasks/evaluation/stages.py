@@ -38,15 +38,35 @@ def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: P
         inputs["link_gold"].read_table(), [inputs[name].read_table() for name in params.runs],
         title=params.title, ks=params.ks, match_type=params.match_type, ignore_identical_ids=params.ignore_identical_ids,
         gold_stats=inputs["link_gold"].manifest.get("stats", {}))
+    if "synthetic_queries" in inputs:
+        report += synthetic_queries_section(inputs["synthetic_queries"].manifest.get("stats", {}))
     write_table(out, results, name="question_results")
     write_table(out, metrics, name="metrics")
     (out / "report.md").write_text(report, encoding="utf-8")
     return {"stats": {"systems": sorted(set(metrics.column("system").to_pylist()))}}
 
 
+def synthetic_queries_section(stats: dict) -> str:
+    q = stats.get("quality", {})
+
+    def fmt(value, digits=1):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = ["", "## Synthetic queries", "",
+             f"{stats.get('queries', 0):,} queries for {stats.get('passages', 0):,} passages. Against the gold questions of "
+             f"the {q.get('reference_split')} split on the same passages ({q.get('scored_queries', 0):,} queries): "
+             f"BLEU-4 {fmt(q.get('bleu4'))}, ROUGE-L {fmt(q.get('rougeL'))}. BM25 ranks the query's own passage first "
+             f"for {fmt(100 * q.get('bm25_own_passage_first', 0))}%; duplicates {fmt(100 * q.get('duplicate_share', 0))}%.",
+             "", "| passage | title | query |", "|---|---|---|"]
+    lines += [f"| {e['pid']} | {e['title']} | {e['query']} |" for e in q.get("examples", [])]
+    return "\n".join(lines) + "\n"
+
+
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     runs = [s.name for s in earlier if s.produces_runs]
+    reports = [s.name for s in earlier if s.name == "synthetic_queries"]
     e = cfg.evaluation
     ignore = e.ignore_identical_ids if e.ignore_identical_ids is not None else cfg.data.beir is not None
     params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs)
-    return [Stage("evaluate", "evaluation", "2", ("ingest_questions", "chunk", "link_gold", *runs), params, build_evaluation)]
+    return [Stage("evaluate", "evaluation", "2", ("ingest_questions", "chunk", "link_gold", *runs, *reports), params,
+                  build_evaluation)]

@@ -23,8 +23,8 @@ logger = logging.getLogger("passage_forge")
 class DenseTrainConfig(TrainerArgs):
     """The trainer's settings plus what the pipeline feeds it (defaults sized for a CPU)."""
     loss: str = Field("dpr", description="loss by name from models.losses.LOSSES: dpr, bidirectional, weighted")
-    pairs: list[Literal["gold"]] = Field(default_factory=lambda: ["gold"], min_length=1,
-                             description="pairs artifacts trained on (pairs:NAME stages): gold")
+    pairs: list[Literal["gold", "synthetic"]] = Field(default_factory=lambda: ["gold"], min_length=1,
+                                                      description="pairs artifacts trained on (pairs:NAME stages): gold, synthetic (needs qgen:)")
     negatives: list[Literal["bm25", "context"]] = Field(default_factory=lambda: ["bm25"],
                                              description="negatives artifacts the pool is drawn from (negatives:NAME stages)")
     split: str = Field("train", description="the split whose pairs are trained on")

@@ -1,0 +1,1 @@
+"""Question generation: a generator fine-tuned on (passage -> question) pairs."""

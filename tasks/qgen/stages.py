@@ -1,0 +1,230 @@
+"""Question-generation family (doc2query, papers 002 and 003): the `qgen:` config section and its
+stages. `qgen_model` fine-tunes a generator on the train split's gold (passage -> question) pairs
+(dev pairs choose the checkpoint); `synthetic_queries` samples C queries for the corpus's passages
+in resumable shards; `pairs:synthetic` turns them into training pairs (optionally kept only when
+BM25 ranks their own passage in its top k: round-trip consistency)."""
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from pathlib import Path
+from typing import Literal, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from storage.shards import build_shards, move_shards_into
+from tasks import schemas
+from tasks.engine import Stage, StageParams
+from tasks.qgen.finetune import GeneratorTrainArgs
+
+logger = logging.getLogger("passage_forge")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GeneratorFinetune(GeneratorTrainArgs):
+    enabled: bool = Field(True, description="fine-tune the generator on the train split's gold pairs first")
+    max_pairs: Optional[int] = Field(None, ge=1, description="at most this many train pairs (seeded sample)")
+    max_dev_pairs: Optional[int] = Field(200, ge=1, description="at most this many dev pairs for the dev loss")
+
+
+class GenerateConfig(_Strict):
+    # Paper 002 section 3.1: nucleus sampling with top-p 0.95 and top-k 25; C queries per passage
+    # (paper 002 table 3: 5; paper 003 uses 3).
+    queries_per_passage: int = Field(5, ge=1, description="C: distinct queries sampled per passage")
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(25, ge=1)
+    max_new_tokens: int = Field(32, ge=1)
+    max_source_len: int = Field(256, ge=16, description="passage tokens in the prompt")
+    batch_size: int = Field(16, ge=1)
+    shard_size: int = Field(256, ge=1, description="passages per resumable shard")
+    seed: int = 0
+    max_passages: Optional[int] = Field(None, ge=1, description="a seeded sample of the corpus (CPU runs); empty: every passage")
+    device: str = Field("auto", description="'auto' picks CUDA when present")
+
+
+class QgenConfig(_Strict):
+    generator: str = Field("smollm2", description="seq2seq (T5, e.g. doc2query/all-with-prefix-t5-base-v1) or causal LM: a short name, folder or hub name")
+    kind: Literal["auto", "seq2seq", "causal"] = "auto"
+    prefix: Optional[str] = Field(None, description="input prefix of a seq2seq generator (e.g. 'text2query: ')")
+    finetune: GeneratorFinetune = Field(default_factory=GeneratorFinetune)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    filter_bm25_top_k: Optional[int] = Field(None, ge=1, description="keep a synthetic pair only when BM25 ranks its passage in the top k")
+    quality_split: str = Field("dev", description="gold questions of this split are the references of BLEU/ROUGE")
+
+
+class FinetuneParams(StageParams):
+    RUNTIME = frozenset({"device"})
+    generator: str
+    kind: str
+    prefix: Optional[str]
+    train: GeneratorFinetune
+    device: str
+
+
+class GenerateParams(StageParams):
+    RUNTIME = frozenset({"generate.device"})
+    generator: str
+    kind: str
+    prefix: Optional[str]
+    model_input: Optional[str]   # qgen_model when fine-tuned
+    generate: GenerateConfig
+    quality_split: str           # the gold questions the generated ones are compared with
+
+
+class SyntheticPairsParams(StageParams):
+    filter_bm25_top_k: Optional[int]
+
+
+def _device(wanted: str) -> str:
+    from tasks.dense.models import resolve_device
+
+    return resolve_device(wanted)
+
+
+def _pair_rows(pairs: pa.Table, passages: pa.Table, split: str, limit: Optional[int], seed: int):
+    by_pid = {p["pid"]: (p["title"], p["text"]) for p in passages.select(["pid", "title", "text"]).to_pylist()}
+    rows = [(by_pid[r["pid"]], r["query"]) for r in pairs.filter(pc.equal(pairs.column("split"), split)).to_pylist()]
+    if limit is not None and len(rows) > limit:
+        rows = random.Random(seed).sample(rows, limit)
+    return rows
+
+
+def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from models.generator import load_generator
+    from tasks.qgen.finetune import finetune_generator
+
+    t = params.train
+    pairs, passages = inputs["pairs:gold"].read_table(), inputs["chunk"].read_table(columns=["pid", "title", "text"])
+    # Train split only: no dev or test question ever reaches the generator's training.
+    train = _pair_rows(pairs, passages, "train", t.max_pairs, t.seed)
+    dev = _pair_rows(pairs, passages, "dev", t.max_dev_pairs, t.seed)
+    generator = load_generator(params.generator, params.kind, params.prefix)
+    args = GeneratorTrainArgs(**t.model_dump(include=set(GeneratorTrainArgs.model_fields)))
+    logger.info("qgen: fine-tuning %s on %d train pairs (%d dev pairs)", params.generator, len(train), len(dev))
+    result = finetune_generator(generator, train, dev, args, out / "training", device=_device(params.device))
+    best = load_generator(str(out / "training" / "best"))
+    best.save_pretrained(out / "model")
+    shutil.rmtree(out / "training" / "best", ignore_errors=True)
+    shutil.rmtree(out / "training" / "checkpoints", ignore_errors=True)
+    return {"stats": {"train_pairs": len(train), "dev_pairs": len(dev), "best_step": result["best_step"],
+                      "best_dev_loss": result["best_dev_loss"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
+
+
+def sample_passages(passages: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
+    if limit is None or passages.num_rows <= limit:
+        return passages
+    keep = sorted(random.Random(seed).sample(range(passages.num_rows), limit))
+    return passages.take(pa.array(keep))
+
+
+def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+    from models.generator import load_generator
+
+    g = params.generate
+    passages = sample_passages(inputs["chunk"].read_table(columns=["pid", "title", "text"]), g.max_passages, g.seed)
+    source = str(inputs[params.model_input].subdir("model")) if params.model_input else params.generator
+    generator = None
+    device = _device(g.device)
+    n_shards = max(1, -(-passages.num_rows // g.shard_size))
+
+    def compute(i: int) -> pa.Table:
+        nonlocal generator
+        if generator is None:  # a fully resumed build loads no model
+            generator = load_generator(source, params.kind, params.prefix)
+            generator.model.to(device)
+        shard = passages.slice(i * g.shard_size, g.shard_size)
+        pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
+        # Seeded per shard, so a resumed build samples what an uninterrupted one would.
+        sampled = generator.generate(pairs, n=g.queries_per_passage, top_p=g.top_p, top_k=g.top_k,
+                                     max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, seed=g.seed + i,
+                                     max_source_len=g.max_source_len, device=device)
+        rows = [{"pid": pid, "n": n, "query": q, "logprob": lp}
+                for pid, queries in zip(shard.column("pid").to_pylist(), sampled) for n, (q, lp) in enumerate(queries)]
+        return pa.Table.from_pylist(rows, schema=schemas.SYNTHETIC_QUERIES)
+
+    def report(i: int, reused: bool) -> None:
+        logger.info("synthetic queries: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "generated")
+
+    files = build_shards(work, n_shards, compute, report)
+    move_shards_into(files, out)
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    per_passage = table.num_rows / max(passages.num_rows, 1)
+    return {"stats": {"passages": passages.num_rows, "queries": table.num_rows, "queries_per_passage": round(per_passage, 3),
+                      "shards": n_shards, "quality": _quality(table, passages, inputs, params.quality_split)}}
+
+
+def _quality(table: pa.Table, passages: pa.Table, inputs: dict[str, Artifact], split: str) -> dict:
+    """BLEU-4/ROUGE-L against the gold questions of `split` on the same passages, BM25 rank-1
+    share of the own passage, duplicate share, examples."""
+    from tasks.bm25.search import bm25_search
+    from tasks.qgen.quality import bleu_rouge, duplicate_share
+
+    generated: dict[str, list[str]] = {}
+    for pid, query in zip(table.column("pid").to_pylist(), table.column("query").to_pylist()):
+        generated.setdefault(pid, []).append(query)
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "split"])
+    text_of = {q: t for q, t, s in zip(*(questions.column(c).to_pylist() for c in ("qid", "question", "split"))) if s == split}
+    gold = inputs["link_gold"].read_table()
+    references: dict[str, list[str]] = {}
+    for qid, pid in zip(gold.column("qid").to_pylist(), gold.column("pid").to_pylist()):
+        if qid in text_of:
+            references.setdefault(pid, []).append(text_of[qid])
+    ids = [f"{pid}\t{n}" for pid, n in zip(table.column("pid").to_pylist(), table.column("n").to_pylist())]
+    runs = bm25_search(inputs["bm25_index"].subdir("index"), list(zip(ids, table.column("query").to_pylist())), k=1, system="bm25")
+    first = sum(q.split("\t")[0] == p for q, p in zip(runs.column("qid").to_pylist(), runs.column("pid").to_pylist()))
+    title_of = dict(zip(passages.column("pid").to_pylist(), passages.column("title").to_pylist()))
+    examples = [{"pid": r["pid"], "title": title_of.get(r["pid"]), "query": r["query"]} for r in table.slice(0, 10).to_pylist()]
+    return {**bleu_rouge(generated, references), "reference_split": split,
+            "bm25_own_passage_first": first / max(table.num_rows, 1), "duplicate_share": duplicate_share(generated),
+            "examples": examples}
+
+
+def build_synthetic_pairs(params: SyntheticPairsParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    queries = inputs["synthetic_queries"].read_table()
+    qids = [f"syn:{pid}:{n}" for pid, n in zip(queries.column("pid").to_pylist(), queries.column("n").to_pylist())]
+    pairs = pa.table({"qid": qids, "query": queries.column("query"), "pid": queries.column("pid"),
+                      "source": ["synthetic"] * queries.num_rows, "weight": pa.array([1.0] * queries.num_rows, pa.float32()),
+                      "split": ["train"] * queries.num_rows}, schema=schemas.PAIRS)
+    kept = pairs
+    if params.filter_bm25_top_k is not None:
+        from tasks.bm25.search import bm25_search
+
+        runs = bm25_search(inputs["bm25_index"].subdir("index"), list(zip(qids, queries.column("query").to_pylist())),
+                           k=params.filter_bm25_top_k, system="bm25")
+        own = {(q, p) for q, p in zip(runs.column("qid").to_pylist(), runs.column("pid").to_pylist())}
+        kept = pairs.filter(pa.array([(q, p) in own for q, p in zip(qids, queries.column("pid").to_pylist())]))
+    write_table(out, kept)
+    return {"stats": {"queries": pairs.num_rows, "pairs": kept.num_rows,
+                      "round_trip_kept": kept.num_rows / max(pairs.num_rows, 1)}}
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    q = cfg.qgen
+    if q is None:
+        return []
+    out = []
+    model_input = None
+    if q.finetune.enabled:
+        out.append(Stage("qgen_model", "qgen_model", "1", ("chunk", "pairs:gold"),
+                         FinetuneParams(generator=q.generator, kind=q.kind, prefix=q.prefix, train=q.finetune,
+                                        device=q.generate.device), build_finetune))
+        model_input = "qgen_model"
+    out.append(Stage("synthetic_queries", "synthetic_queries", "1",
+                     ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if model_input else [])),
+                     GenerateParams(generator=q.generator, kind=q.kind, prefix=q.prefix, model_input=model_input,
+                                    generate=q.generate, quality_split=q.quality_split),
+                     build_synthetic_queries, resumable=True))
+    filter_inputs = ("bm25_index",) if q.filter_bm25_top_k else ()
+    out.append(Stage("pairs:synthetic", "pairs", "1", ("synthetic_queries", *filter_inputs),
+                     SyntheticPairsParams(filter_bm25_top_k=q.filter_bm25_top_k), build_synthetic_pairs,
+                     variant={"source": "synthetic"}))
+    return out

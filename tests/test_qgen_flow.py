@@ -1,0 +1,98 @@
+"""doc2query and two-stage training through the flow on the tiny SQuAD slice, with a tiny random
+GPT-2 generator (a word-level tokenizer trained on the slice's text) and a tiny random BERT: the
+plumbing, not the quality (that is the benchmarks' job)."""
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from flows.pipeline import pipeline
+from storage import ArtifactStore
+from tasks.config import PROJECT_ROOT, load_config
+
+pytestmark = pytest.mark.usefixtures("flush_denormals")
+TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tmp_path_factory, shared_data):
+    from tasks.readers.squad import iter_squad_documents
+
+    texts = [d["text"] for _, d in zip(range(3), iter_squad_documents(shared_data / "squad" / "dev-v1.1-partial.json"))]
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts + ["Passage: Question: what who when ?"],
+                            trainers.WordLevelTrainer(special_tokens=["<pad>", "</s>", "<unk>"], vocab_size=2000))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=1, n_head=2,
+                               bos_token_id=1, eos_token_id=1)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _config(generator, checkpoint):
+    cfg = load_config(TINY).model_dump()
+    model = {"base": str(checkpoint), "shared": True, "pooling": "mean", "normalize": True, "scale": 20.0}
+    train = {"loss": "dpr", "batch_size": 4, "max_steps": 2, "select_on_dev": False, "hard_negatives": 1,
+             "query_max_len": 16, "passage_max_len": 60}
+    cfg["qgen"] = {"generator": str(generator),
+                   "finetune": {"max_pairs": 12, "max_dev_pairs": 4, "batch_size": 4, "max_steps": 2, "eval_every": 1},
+                   "generate": {"queries_per_passage": 2, "max_new_tokens": 6, "max_passages": 24, "shard_size": 10,
+                                "batch_size": 8, "max_source_len": 64}}
+    cfg["dense"] = {"encode": {"batch_size": 16, "passage_max_len": 60, "query_max_len": 16},
+                    "systems": [{"name": "stage1", "model": model,
+                                 "train": {**train, "pairs": ["synthetic"], "negatives": ["context"]}},
+                                {"name": "stage2", "model": model, "init_from": "stage1",
+                                 "train": {**train, "pairs": ["gold"], "negatives": ["bm25"]}}]}
+    from tasks.config import PipelineConfig
+
+    return PipelineConfig.model_validate(cfg)
+
+
+def test_generator_synthetic_pairs_and_two_stage_training(prefect_harness, tmp_path, tiny_generator, checkpoint, monkeypatch):
+    import tasks.qgen.finetune as finetune
+
+    seen = {}
+    real = finetune.finetune_generator
+
+    def spy(generator, train_pairs, dev_pairs, *args, **kwargs):
+        seen["train"], seen["dev"] = [q for _, q in train_pairs], [q for _, q in dev_pairs]
+        return real(generator, train_pairs, dev_pairs, *args, **kwargs)
+
+    monkeypatch.setattr(finetune, "finetune_generator", spy)
+    cfg = _config(tiny_generator, checkpoint)
+    versions = pipeline(config=cfg, root=str(tmp_path))
+    store = ArtifactStore(tmp_path)
+
+    # Only train-split questions reach the generator's training; dev questions score its checkpoints.
+    split_of = {r["question"]: r["split"] for r in store.sql("SELECT question, split FROM questions").to_pylist()}
+    assert len(seen["train"]) == 12 and {split_of[q] for q in seen["train"]} == {"train"}
+    assert {split_of[q] for q in seen["dev"]} == {"dev"}
+    qgen = store.get("qgen_model", versions["qgen_model"]).manifest["stats"]
+    assert [step for step, _ in qgen["dev_curve"]] == [0, 1, 2]
+
+    # At most C=2 distinct queries for each of the 24 sampled passages, in 3 shards of 10.
+    queries = store.get("synthetic_queries", versions["synthetic_queries"])
+    rows = queries.read_table().to_pylist()
+    per_pid = {}
+    for r in rows:
+        per_pid.setdefault(r["pid"], []).append(r["query"].lower())
+    assert len(per_pid) <= 24 and all(len(q) == len(set(q)) <= 2 for q in per_pid.values())
+    stats = queries.manifest["stats"]
+    assert stats["passages"] == 24 and stats["shards"] == 3 and stats["queries"] == len(rows)
+    assert {"bleu4", "rougeL", "bm25_own_passage_first", "duplicate_share", "examples"} <= set(stats["quality"])
+
+    # Synthetic pairs feed stage 1 with context negatives; stage 2 starts from stage 1 on gold pairs.
+    pairs = store.sql("SELECT source, count(*) AS n FROM pairs GROUP BY 1 ORDER BY 1").to_pylist()
+    assert [p["source"] for p in pairs] == ["gold", "synthetic"]
+    assert store.sql("SELECT count(*) FROM negatives WHERE strategy = 'context' AND qid LIKE 'syn:%'").column(0)[0].as_py() > 0
+    stage1 = store.get("dense_model", versions["train:stage1"]).manifest
+    assert set(stage1["inputs"]) >= {"pairs:synthetic", "negatives:context"}
+    stage2 = store.get("dense_model", versions["train:stage2"]).manifest
+    assert stage2["inputs"]["train:stage1"]["version"] == versions["train:stage1"]
+    report = (store.get("evaluation", versions["evaluate"]).path / "report.md").read_text()
+    assert "## Synthetic queries" in report
+    assert {"stage1", "stage2"} <= set(store.sql("SELECT DISTINCT system FROM metrics").column(0).to_pylist())
+    assert pipeline(config=cfg, root=str(tmp_path)) == versions  # all cache hits
