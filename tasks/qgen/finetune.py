@@ -18,15 +18,16 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from tasks.training.trainer import (
     CHECKPOINTS,
     STATE_NAME,
+    ScheduleArgs,
     _atomic_dir,
     latest_checkpoint,
     list_checkpoints,
@@ -43,26 +44,16 @@ log = logging.getLogger(__name__)
 Pair = tuple[tuple[Optional[str], str], str]  # ((title, text), question)
 
 
-class GeneratorTrainArgs(BaseModel):
+class GeneratorTrainArgs(ScheduleArgs):
     """Settings of a generator fine-tuning run (the device is an argument of the call)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
     batch_size: int = Field(8, ge=1, description="pairs per optimizer step")
-    epochs: int = Field(1, ge=1, description="passes over the train pairs (ignored when max_steps is given)")
-    max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
-    warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (none on biases and LayerNorm)")
     max_grad_norm: Optional[float] = Field(1.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
     max_source_len: int = Field(256, ge=1, description="passage tokens (title and text, with the prompt)")
     max_target_len: int = Field(32, ge=1, description="question tokens")
-    seed: int = Field(42, description="seeds the shuffling of each epoch and the initial RNG state")
-    bf16: Literal["auto", "on", "off"] = Field(
-        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support; ignored (with a warning) off CUDA")
     eval_every: Optional[int] = Field(None, ge=1, description="steps between dev losses; always one at step 0 and at the end")
-    checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
-    keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

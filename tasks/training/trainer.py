@@ -50,30 +50,25 @@ class Evaluator(Protocol):
     def __call__(self, model: nn.Module) -> Mapping[str, float]: ...
 
 
-class TrainerArgs(BaseModel):
-    """The trainer's settings (a pydantic model, so it validates and renders as a Prefect UI form;
-    a pipeline config may subclass it to add its own fields). The device is not a setting of the
-    run: it is `train_bi_encoder(device=...)`."""
+class ScheduleArgs(BaseModel):
+    """The optimisation schedule any of the project's trainers runs (AdamW, warm-up then linear
+    decay, clipping, bf16 on CUDA, checkpoints, dev evaluations); a pydantic model, so it validates
+    and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(2e-5, gt=0, description="peak learning rate (AdamW)")
-    batch_size: int = Field(32, ge=1, description="questions per step; every other question's passages are its in-batch negatives")
+    batch_size: int = Field(32, ge=1, description="examples per optimizer step")
     epochs: int = Field(1, ge=1, description="passes over the examples (ignored when max_steps is given)")
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (none on biases and LayerNorm)")
     max_grad_norm: Optional[float] = Field(2.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
-    hard_negatives: int = Field(1, ge=0, description="hard negatives per question per step")
-    query_max_len: int = Field(32, ge=1, description="query tokens")
-    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
-    seed: int = Field(42, description="seeds the sampler, the negative draws and the initial RNG state")
+    seed: int = Field(42, description="seeds the example order, the draws and the initial RNG state")
     bf16: Literal["auto", "on", "off"] = Field(
         "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support, off otherwise (true/false: on/off)")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
     checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
-    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations (needs an evaluator); one at the end always")
-    eval_at_start: bool = Field(False, description="evaluate the untrained model too: step 0 can win if training hurts")
+    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations; one at the end always")
     keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
 
     @field_validator("bf16", mode="before")
@@ -82,6 +77,18 @@ class TrainerArgs(BaseModel):
         if isinstance(value, bool):
             return "on" if value else "off"
         return value
+
+
+class TrainerArgs(ScheduleArgs):
+    """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
+    fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
+
+    batch_size: int = Field(32, ge=1, description="questions per step; every other question's passages are its in-batch negatives")
+    hard_negatives: int = Field(1, ge=0, description="hard negatives per question per step")
+    query_max_len: int = Field(32, ge=1, description="query tokens")
+    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
+    eval_at_start: bool = Field(False, description="evaluate the untrained model too: step 0 can win if training hurts")
 
 
 # -- helpers ------------------------------------------------------------------------------------
