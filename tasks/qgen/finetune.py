@@ -31,7 +31,7 @@ from tasks.training.trainer import (
     _atomic_dir,
     latest_checkpoint,
     list_checkpoints,
-    parameter_groups,
+    optimizer_and_schedule,
     resolve_device,
     rng_states,
     seed_everything,
@@ -89,7 +89,6 @@ def finetune_generator(
     span the whole run, resumed parts included.
     """
     from tqdm.auto import tqdm
-    from transformers import get_linear_schedule_with_warmup
 
     if not train_pairs:
         raise ValueError("no train pairs to fine-tune the generator on")
@@ -105,9 +104,7 @@ def finetune_generator(
     model.to(device)
 
     steps_per_epoch = math.ceil(len(train_pairs) / args.batch_size)  # the last batch may be short
-    total_steps = int(args.max_steps) if args.max_steps else int(args.epochs) * steps_per_epoch
-    optimizer = torch.optim.AdamW(parameter_groups(model, None, args.weight_decay), lr=args.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(round(args.warmup_ratio * total_steps)), total_steps)
+    total_steps, optimizer, scheduler = optimizer_and_schedule(args, model, None, steps_per_epoch)
 
     step = 0
     history: list[dict] = []

@@ -79,6 +79,17 @@ class ScheduleArgs(BaseModel):
         return value
 
 
+def optimizer_and_schedule(args: ScheduleArgs, model: nn.Module, extra: nn.Module | None, steps_per_epoch: int):
+    """(total steps, AdamW without decay on biases and LayerNorm, linear warm-up then decay to 0)
+    for `args` over the parameters of `model` and `extra` (each shared parameter once)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    total_steps = int(args.max_steps) if args.max_steps else int(args.epochs) * steps_per_epoch
+    optimizer = torch.optim.AdamW(parameter_groups(model, extra, args.weight_decay), lr=args.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(round(args.warmup_ratio * total_steps)), total_steps)
+    return total_steps, optimizer, scheduler
+
+
 class TrainerArgs(ScheduleArgs):
     """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
     fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
@@ -270,7 +281,6 @@ def train_bi_encoder(
     steps.
     """
     from tqdm.auto import tqdm
-    from transformers import get_linear_schedule_with_warmup
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -301,11 +311,8 @@ def train_bi_encoder(
     if steps_per_epoch == 0:
         raise ValueError(f"{len(examples)} examples make no full batch of {args.batch_size} "
                          "(after keeping duplicate qids/positives apart)")
-    total_steps = int(args.max_steps) if args.max_steps else int(args.epochs) * steps_per_epoch
-    warmup_steps = int(round(args.warmup_ratio * total_steps))
+    total_steps, optimizer, scheduler = optimizer_and_schedule(args, model, loss_fn, steps_per_epoch)
     collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed)
-    optimizer = torch.optim.AdamW(parameter_groups(model, loss_fn, args.weight_decay), lr=args.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
 
     step = 0
     history: list[dict] = []
