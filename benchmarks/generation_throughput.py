@@ -2,14 +2,15 @@
 `model.generate` loop over unsorted batches, same model, prompts, settings and hardware, same run.
 
     HF_HUB_OFFLINE=1 python benchmarks/generation_throughput.py --passages P.parquet|FOLDER \
-        [--limit 64] [--generator smollm2] [--queries-per-passage 1] [--max-new-tokens 24] \
+        [--limit 64] [--generator smollm2] [--queries-per-passage 5] [--max-new-tokens 24] \
         [--batch-size 16] [--threads 2] [--repeat 5] [--seed 0] [--device cpu|cuda] [--out r.json]
 
 Systems:
 - ours: ``load_generator(G).generate(passages, n=C, top_p=0.95, top_k=25, max_new_tokens=M,
   batch_size=B, seed=S)``: prompts tokenised once, batches of B taken longest prompt first (less
-  left padding), KV cache, per-token log-probabilities for every sample (``output_logits``) and
-  distinct questions per passage.
+  left padding), each prompt run once and its KV cache copied for its C samples (the peer's
+  ``num_return_sequences`` runs it C times), the log-probability of every sampled token recorded
+  step by step, distinct questions per passage.
 - peer: the passages in their corpus order (unsorted), batches of B, each
   ``model.generate(**tokenizer(prompts, padding=True, padding_side='left', truncation=True,
   max_length=256), do_sample=True, top_p=0.95, top_k=25, num_return_sequences=C,
@@ -48,7 +49,7 @@ import torch  # noqa: E402
 TOP_P, TOP_K = 0.95, 25
 MAX_SOURCE_LEN = 256
 NAMES = {"peer": "plain `model.generate` loop, corpus order (peer)",
-         "ours": "ours (`QueryGenerator.generate`, length-sorted batches)"}
+         "ours": "ours (`QueryGenerator.generate`: length-sorted batches, shared prompt cache)"}
 
 
 def load_passages(path: str, limit: int) -> list[tuple[str, str]]:
@@ -86,7 +87,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--passages", required=True, help="passages parquet file or folder (title, text)")
     ap.add_argument("--limit", type=int, default=64, help="passages per repeat, the first ones (0: all)")
     ap.add_argument("--generator", default="smollm2", help="alias, folder or hub name (load_generator)")
-    ap.add_argument("--queries-per-passage", type=int, default=1, help="C: samples per passage")
+    ap.add_argument("--queries-per-passage", type=int, default=5,
+                    help="C: samples per passage (paper 002 table 3: 5)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -125,7 +127,7 @@ def main(argv=None) -> dict:
 
     def counting_generate(**kw):  # ours calls model.generate: count its outputs the same way
         out = raw_generate(**kw)
-        counters["ours"].add(out.sequences[:, -len(out.logits):])
+        counters["ours"].add(out.sequences[:, kw["input_ids"].shape[1]:])
         return out
 
     model.generate = counting_generate

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer,
+                          DynamicCache, LogitsProcessor, LogitsProcessorList)
 
 from models.checkpoints import resolve_checkpoint
 
@@ -39,22 +40,45 @@ def pad_sequences(seqs: Sequence[list[int]], pad_value: int, left: bool) -> torc
     return torch.tensor(rows, dtype=torch.long)
 
 
-def mean_token_logprobs(logits: Sequence[torch.Tensor], tokens: torch.Tensor,
+def mean_token_logprobs(token_logprobs: torch.Tensor, tokens: torch.Tensor,
                         eos_id: int | None) -> torch.Tensor:
-    """Mean log-probability of each row's generated tokens, up to and including its first EOS.
+    """Mean of each row's per-token log-probabilities, up to and including its first EOS.
 
-    `logits` are the model's raw logits per step (not the top-k/top-p warped ones), so the
-    score is the model's own probability of the question. Tokens after EOS are padding (which
-    may be EOS itself when the tokenizer has no pad token)."""
-    # step by step: stacking all steps' log-softmax first would copy rows x steps x vocab floats
-    picked = torch.stack([step.float().log_softmax(-1).gather(-1, tokens[:, i, None]).squeeze(-1)
-                          for i, step in enumerate(logits)], dim=1)
+    `token_logprobs[r, i]` is the model's log-probability of `tokens[r, i]`. Tokens after EOS are
+    padding (which may be EOS itself when the tokenizer has no pad token)."""
     if eos_id is None:
         valid = torch.ones_like(tokens, dtype=torch.bool)
     else:
         is_eos = (tokens == eos_id).long()
         valid = (is_eos.cumsum(1) - is_eos) == 0  # no EOS strictly before this position
-    return (picked * valid).sum(1) / valid.sum(1).clamp(min=1)
+    return (token_logprobs * valid).sum(1) / valid.sum(1).clamp(min=1)
+
+
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records the log-probability of every sampled token under the model's raw distribution.
+
+    `generate` calls its logits processors once per step, before the top-k/top-p warpers, with
+    the tokens so far: the previous step's log-softmax is kept (one rows x vocab tensor, not one
+    per step as `output_logits` would) and read at the token that was sampled from it."""
+
+    def __init__(self):
+        self.picked: list[torch.Tensor] = []
+        self._last: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._last is not None:
+            self.picked.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._last = scores.float().log_softmax(-1)
+        return scores
+
+    def token_logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, steps) log-probabilities of `new_tokens`, the generated tokens of the call."""
+        picked = list(self.picked)
+        if self._last is not None:
+            picked.append(self._last.gather(-1, new_tokens[:, -1:].to(self._last.device)).squeeze(-1))
+        if len(picked) != new_tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(picked)} steps for {new_tokens.shape[1]} generated tokens")
+        return torch.stack(picked, 1).to(new_tokens.device)
 
 
 class QueryGenerator:
@@ -65,6 +89,8 @@ class QueryGenerator:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.model, self.tokenizer, self.kind, self.prefix = model, tokenizer, kind, prefix or ""
+        #: causal LMs: run each prompt once for its n samples (False: `num_return_sequences`)
+        self.share_prompt_cache = True
         if kind == "causal" and tokenizer.eos_token_id is None:
             raise ValueError("a causal generator needs a tokenizer with an EOS token")
 
@@ -164,18 +190,41 @@ class QueryGenerator:
         # decoder-only models continue from the last position, so prompts are left-padded
         left = self.kind == "causal"
         input_ids = pad_sequences(prompts, self.pad_id, left=left).to(device)
+        attention_mask = self._mask(prompts, left=left).to(device)
+        extra, returns = {}, n
+        if self.kind == "causal" and n > 1 and self.share_prompt_cache:
+            # The n samples of a prompt share its prefix: run the prompt once and copy its KV
+            # cache n times, instead of `num_return_sequences` running it n times. Rows come out
+            # in the same order (each prompt's n samples together), so a seed samples the same.
+            extra["cache"] = self._prompt_cache(input_ids, attention_mask, n)
+            input_ids = input_ids.repeat_interleave(n, 0)
+            attention_mask = attention_mask.repeat_interleave(n, 0)
+            returns = 1
+        recorder = SampledTokenLogprobs()
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=self._mask(prompts, left=left).to(device),
-            do_sample=True, top_p=top_p, top_k=top_k, temperature=1.0, num_return_sequences=n,
+            input_ids=input_ids, attention_mask=attention_mask,
+            do_sample=True, top_p=top_p, top_k=top_k, temperature=1.0, num_return_sequences=returns,
             max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-            return_dict_in_generate=True, output_logits=True)
-        # causal outputs repeat the prompt, seq2seq ones start with the decoder start token:
-        # the last len(logits) positions are exactly the generated tokens
-        new_tokens = out.sequences[:, -len(out.logits):]
-        scores = mean_token_logprobs(out.logits, new_tokens, self.tokenizer.eos_token_id)
+            eos_token_id=self.tokenizer.eos_token_id, logits_processor=LogitsProcessorList([recorder]),
+            return_dict_in_generate=True, **extra)
+        # causal outputs repeat the prompt, seq2seq ones start with the decoder start token
+        width = input_ids.shape[1] if self.kind == "causal" else 1
+        new_tokens = out.sequences[:, width:]
+        scores = mean_token_logprobs(recorder.token_logprobs(new_tokens), new_tokens,
+                                     self.tokenizer.eos_token_id)
         texts = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [(t.strip(), float(s)) for t, s in zip(texts, scores)]
+
+    def _prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> DynamicCache:
+        """The KV cache of every prompt but its last token, each row repeated n times: `generate`
+        then feeds only the last token (positions as `generate` numbers left-padded rows)."""
+        positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+        cache = DynamicCache(config=self.model.config)
+        last_only = {"logits_to_keep": 1} if self.model._supports_logits_to_keep() else {}
+        self.model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=positions[:, :-1], cache=cache, use_cache=True, **last_only)
+        cache.batch_repeat_interleave(n)
+        return cache
 
     @staticmethod
     def _distinct(sampled: list[tuple[str, float]], n: int) -> list[tuple[str, float]]:

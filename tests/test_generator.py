@@ -8,7 +8,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
 
-from models.generator import QueryGenerator, load_generator, mean_token_logprobs, question_key
+from models.generator import (QueryGenerator, SampledTokenLogprobs, load_generator, mean_token_logprobs,
+                              question_key)
 
 CORPUS = ["Passage: Paris. Paris is the capital of France.\nQuestion: what is the capital of France?",
           "The Seine river flows through Paris. What where who does is a of",
@@ -129,7 +130,8 @@ def capture_generate(gen, monkeypatch):
     real = gen.model.generate
 
     def spy(**kwargs):
-        calls.append(kwargs)
+        cache = kwargs.get("cache")  # generation extends the cache: its length now, at the call
+        calls.append({**kwargs, "cached_tokens": None if cache is None else cache.get_seq_length()})
         return real(**kwargs)
 
     monkeypatch.setattr(gen.model, "generate", spy)
@@ -143,10 +145,14 @@ def test_sampling_settings_reach_generate(gen, monkeypatch):
                        progress=lambda d, t: done.append((d, t)))
     assert done == [(2, 3), (3, 3)]
     assert len(calls) == 2
-    for kwargs in calls:
+    for kwargs, rows in zip(calls, (2, 1)):
         assert kwargs["do_sample"] is True and kwargs["use_cache"] is True
-        assert (kwargs["top_p"], kwargs["top_k"], kwargs["num_return_sequences"]) == (0.95, 25, 3)
-        assert kwargs["max_new_tokens"] == 4
+        assert (kwargs["top_p"], kwargs["top_k"], kwargs["max_new_tokens"]) == (0.95, 25, 4)
+        if gen.kind == "causal":  # the prompt ran once; its cache holds 3 copies of each row
+            assert kwargs["num_return_sequences"] == 1 and len(kwargs["input_ids"]) == rows * 3
+            assert kwargs["cached_tokens"] == kwargs["input_ids"].shape[1] - 1
+        else:
+            assert kwargs["num_return_sequences"] == 3 and kwargs["cached_tokens"] is None
     if gen.kind == "causal":  # left padding: every prompt ends at the last column
         mask = calls[0]["attention_mask"]
         assert mask[:, -1].all() and (mask.diff(dim=1) >= 0).all() and not mask.all()
@@ -155,6 +161,18 @@ def test_sampling_settings_reach_generate(gen, monkeypatch):
         for text, score in questions:
             assert text == text.strip() and text and -math.log(len(gen.tokenizer)) * 10 < score < 0
     assert not gen.model.training
+
+
+def test_shared_prompt_cache_samples_what_num_return_sequences_samples(folders):
+    """Running each causal prompt once for its n samples changes the cost, not the samples: the
+    same seed gives the same questions and log-probabilities as plain `num_return_sequences`."""
+    gen = load_generator(str(folders["causal"]))
+    shared = gen.generate(PASSAGES, n=4, max_new_tokens=6, batch_size=2, seed=3)
+    gen.share_prompt_cache = False
+    plain = gen.generate(PASSAGES, n=4, max_new_tokens=6, batch_size=2, seed=3)
+    assert [[q for q, _ in qs] for qs in shared] == [[q for q, _ in qs] for qs in plain]
+    for a, b in zip(shared, plain):
+        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
 
 
 def test_same_seed_same_questions_other_seed_differs(gen):
@@ -174,16 +192,19 @@ def test_distinct_questions_in_input_order(gen, monkeypatch):
     skip = len(tok("Passage:", add_special_tokens=False)["input_ids"]) if gen.kind == "causal" else 0
     batches = []
 
-    def fake_generate(input_ids, attention_mask, num_return_sequences, **kwargs):
+    def fake_generate(input_ids, attention_mask, num_return_sequences, logits_processor, **kwargs):
         first = attention_mask.argmax(1) + skip  # first token of the passage in each row
         batches.append(tok.batch_decode(input_ids[torch.arange(len(first)), first][:, None]))
         new = torch.tensor([[int(input_ids[row, first[row]]), w, tok.eos_token_id]
                             for row in range(len(first)) for w in words[:num_return_sequences]])
         start = (input_ids.repeat_interleave(num_return_sequences, 0) if gen.kind == "causal"
                  else torch.zeros(len(new), 1, dtype=torch.long))
-        return SimpleNamespace(sequences=torch.cat([start, new], 1),
-                               logits=tuple(torch.zeros(len(new), 3, len(tok)).unbind(1)))
+        sequences = torch.cat([start, new], 1)
+        for step in range(new.shape[1]):  # uniform logits at every step
+            logits_processor(sequences[:, :start.shape[1] + step], torch.zeros(len(new), len(tok)))
+        return SimpleNamespace(sequences=sequences)
 
+    gen.share_prompt_cache = False  # one row per prompt, so the fake sees each passage once
     monkeypatch.setattr(gen.model, "generate", fake_generate)
     out = gen.generate(PASSAGES, n=5, batch_size=2)
     assert batches == [["Seine", "France"], ["Paris"]]  # longest prompts first
@@ -196,10 +217,15 @@ def test_distinct_questions_in_input_order(gen, monkeypatch):
 
 def test_mean_logprob_stops_at_the_first_eos():
     eos = 1
-    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]], [[0.2, 0.6, 0.2]], [[0.9, 0.05, 0.05]]]))
+    probs = torch.tensor([[[0.5, 0.25, 0.25]], [[0.2, 0.6, 0.2]], [[0.9, 0.05, 0.05]]])
     # row: token 0, then EOS, then EOS as padding (tokenizers without a pad token)
     tokens = torch.tensor([[0, eos, eos]])
-    score = mean_token_logprobs(tuple(logits.unbind(0)), tokens, eos)  # one (1, vocab) per step
+    recorder = SampledTokenLogprobs()
+    for step, logits in enumerate(torch.log(probs * 7).unbind(0)):  # unnormalised, as models give
+        assert recorder(tokens[:, :step], logits) is logits  # the scores go on unchanged
+    token_logprobs = recorder.token_logprobs(tokens)
+    torch.testing.assert_close(token_logprobs, torch.log(torch.tensor([[0.5, 0.6, 0.05]])))
+    score = mean_token_logprobs(token_logprobs, tokens, eos)
     torch.testing.assert_close(score, torch.tensor([(math.log(0.5) + math.log(0.6)) / 2]))
 
 
