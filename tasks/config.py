@@ -36,6 +36,13 @@ class DenseSystemConfig(_Strict):
     init_from: Optional[str] = Field(
         None, description="start from another system's trained encoder (its name), a model artifact of any run "
                           "('dense_model:VERSION'), another config's system ('other.yaml:NAME'), or a model folder (a path)")
+    evaluate: bool = Field(True, description="false: train only (e.g. a stage-1 model that others start from), no encode/index/search")
+
+    @model_validator(mode="after")
+    def _evaluated_or_trained(self):
+        if not self.evaluate and self.train is None:
+            raise ValueError(f"{self.name}: evaluate: false leaves nothing to do without train")
+        return self
 
 
 class DenseConfig(_Strict):
@@ -51,6 +58,8 @@ class DenseConfig(_Strict):
             raise ValueError(f"dense system names must be unique: {names}")
         if self.hybrid and self.hybrid.system not in names:
             raise ValueError(f"hybrid.system {self.hybrid.system!r} is not one of the dense systems {names}")
+        if self.hybrid and not next(s for s in self.systems if s.name == self.hybrid.system).evaluate:
+            raise ValueError(f"hybrid.system {self.hybrid.system!r} has evaluate: false (it writes no runs)")
         trained = {s.name for s in self.systems if s.train}
         for s in self.systems:
             init = s.init_from

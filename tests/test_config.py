@@ -37,8 +37,15 @@ def test_bad_config_names_file_and_field(tmp_path):
 
 def test_recipes_extend_the_default_and_follow_their_papers():
     default = load_config(CONFIGS / "squad-open.yaml")
-    assert [s.name for s in default.dense.systems] == ["zero-shot", "minilm-dpr"] and default.dense.hybrid
-    assert load_config(CONFIGS / "bm25.yaml").dense is None
+    assert [s.name for s in default.dense.systems] == ["zero-shot", "minilm-dpr", "stage1", "two-stage"]
+    assert default.dense.hybrid and not default.dense.systems[2].evaluate
+    # paper 002 section 3.1 sampling; stage 2 starts from stage 1 (paper 003 section 4.1)
+    g = default.qgen.generate
+    assert (g.top_p, g.top_k) == (0.95, 25) and default.dense.systems[3].init_from == "stage1"
+    assert default.dense.systems[2].train.pairs == ["synthetic"] and default.dense.systems[2].train.negatives == ["context"]
+    full = load_config(CONFIGS / "two-stage-full.yaml").qgen
+    assert full.generate.max_passages is None and full.generate.queries_per_passage == 5 and full.finetune.max_pairs is None
+    assert load_config(CONFIGS / "bm25.yaml").dense is None and load_config(CONFIGS / "bm25.yaml").qgen is None
     dpr = load_config(CONFIGS / "dpr.yaml")
     assert dpr.data == default.data and dpr.split == default.split  # inherited, not copied
     (system,) = dpr.dense.systems
@@ -77,6 +84,8 @@ def test_extends_errors_name_the_file(tmp_path, files, load, error):
     ("name: x\nchunk: {words: -5}\n", "chunk.words"),  # 0 means whole documents; negative means nothing
     ("name: x\ndense: {systems: [{name: a, train: {loss: nope}}]}\n", "loss"),
     ("name: x\ndense: {systems: [{name: a, init_from: b}]}\n", "init_from"),
+    ("name: x\ndense: {systems: [{name: a, evaluate: false}]}\n", "evaluate"),  # nothing to do
+    ("name: x\ndense: {systems: [{name: a, evaluate: false, train: {}}], hybrid: {system: a}}\n", "evaluate"),
 ])
 def test_meaningless_values_are_refused_at_load(tmp_path, text, field):
     path = tmp_path / "c.yaml"
@@ -88,3 +97,14 @@ def test_meaningless_values_are_refused_at_load(tmp_path, text, field):
 def test_whole_documents_have_one_spelling():
     # words: 0 is the only way to say "whole documents", so one output has one version.
     assert load_config(CONFIGS / "nfcorpus.yaml").chunk.words == 0
+
+
+def test_a_train_only_system_trains_and_is_not_searched(tmp_path):
+    from flows.registry import plan_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndense: {systems: [{name: s1, evaluate: false, train: {}},"
+                    " {name: s2, init_from: s1, train: {}}]}\n")
+    names = set(plan_for(load_config(path)).stages)
+    assert {"train:s1", "train:s2", "encode:s2", "search:s2"} <= names
+    assert not {n for n in names if n.endswith(":s1") and not n.startswith("train:")}

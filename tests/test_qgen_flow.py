@@ -96,3 +96,21 @@ def test_generator_synthetic_pairs_and_two_stage_training(prefect_harness, tmp_p
     assert "## Synthetic queries" in report
     assert {"stage1", "stage2"} <= set(store.sql("SELECT DISTINCT system FROM metrics").column(0).to_pylist())
     assert pipeline(config=cfg, root=str(tmp_path)) == versions  # all cache hits
+
+
+def test_sampled_passages_take_the_preferred_articles_first():
+    import pyarrow as pa
+
+    from tasks.qgen.stages import docs_of_splits, sample_passages
+
+    questions = pa.table({"doc_id": ["a", "a", "b", "c"], "split": ["test", "test", "dev", "train"]})
+    preferred = docs_of_splits(questions, ["dev", "test"])
+    assert preferred == {"a", "b"}
+    docs = ["c", "a", "x", "b", "c", "a", "y", "z"]
+    passages = pa.table({"pid": [f"p{i}" for i in range(len(docs))], "doc_id": docs})
+    picked = sample_passages(passages, 5, seed=1, preferred_docs=preferred)
+    pids = picked.column("pid").to_pylist()
+    assert {"p1", "p3", "p5"} <= set(pids) and len(pids) == 5 and pids == sorted(pids)  # corpus order
+    assert sample_passages(passages, 5, seed=1, preferred_docs=preferred).equals(picked)  # seeded
+    assert set(sample_passages(passages, 2, seed=1, preferred_docs=preferred).column("doc_id").to_pylist()) <= preferred
+    assert sample_passages(passages, 8, seed=1).equals(passages)  # no limit reached: the whole corpus

@@ -217,6 +217,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = []
     enc, settings = cfg.dense.encode, EncodeSettings.of(cfg.dense.encode)
     for system in cfg.dense.systems:
+        if not system.evaluate:  # train-only: its model is an input of other systems, not a run
+            continue
         n = system.name
         origin, model_stages, pinned = origin_of(system, cfg.config_dir)
         common = dict(system=n, origin=origin, settings=settings, device=enc.device,

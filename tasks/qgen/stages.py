@@ -48,6 +48,9 @@ class GenerateConfig(_Strict):
     shard_size: int = Field(256, ge=1, description="passages per resumable shard")
     seed: int = 0
     max_passages: Optional[int] = Field(None, ge=1, description="a seeded sample of the corpus (CPU runs); empty: every passage")
+    prefer_splits: list[str] = Field(default_factory=list, description=(
+        "with max_passages: the passages of these splits' articles first, the rest a seeded sample (corpus text "
+        "only: their questions are never read)"))
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 
@@ -119,18 +122,37 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
                       "best_dev_loss": result["best_dev_loss"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
 
 
-def sample_passages(passages: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
+def sample_passages(passages: pa.Table, limit: Optional[int], seed: int,
+                    preferred_docs: frozenset[str] = frozenset()) -> pa.Table:
+    """At most `limit` passages in corpus order: those of `preferred_docs` first (a seeded sample
+    of them if they alone exceed the limit), then a seeded sample of the others."""
     if limit is None or passages.num_rows <= limit:
         return passages
-    keep = sorted(random.Random(seed).sample(range(passages.num_rows), limit))
-    return passages.take(pa.array(keep))
+    rng = random.Random(seed)
+    docs = passages.column("doc_id").to_pylist() if preferred_docs else [None] * passages.num_rows
+    preferred = [i for i, d in enumerate(docs) if d in preferred_docs]
+    others = [i for i, d in enumerate(docs) if d not in preferred_docs]
+    keep = rng.sample(preferred, min(limit, len(preferred)))
+    keep += rng.sample(others, limit - len(keep))
+    return passages.take(pa.array(sorted(keep)))
+
+
+def docs_of_splits(questions: pa.Table, splits: list[str]) -> frozenset[str]:
+    """The documents (articles) that questions of `splits` are about."""
+    return frozenset(d for d, s in zip(questions.column("doc_id").to_pylist(), questions.column("split").to_pylist())
+                     if s in splits and d is not None)
 
 
 def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     from models.generator import load_generator
 
     g = params.generate
-    passages = sample_passages(inputs["chunk"].read_table(columns=["pid", "title", "text"]), g.max_passages, g.seed)
+    preferred = frozenset()
+    if g.prefer_splits:
+        preferred = docs_of_splits(inputs["ingest_questions"].read_table("questions", columns=["doc_id", "split"]),
+                                   g.prefer_splits)
+    passages = sample_passages(inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
+                               g.max_passages, g.seed, preferred)
     source = str(inputs[params.model_input].subdir("model")) if params.model_input else params.generator
     generator = None
     device = _device(g.device)
