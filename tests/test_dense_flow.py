@@ -87,6 +87,10 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     assert any(not torch.equal(q_weights[k], p_weights[k]) for k in q_weights)
     bidi = store.get("embeddings", versions["encode:bidi"]).read_table()
     assert bidi.schema.field("vector").type.list_size == 16  # the FC projection's width
+    # The search stage keeps its question vectors (miners and embedding fusion read them).
+    bidi_queries = store.get("dense_runs", versions["search:bidi"]).read_table("query_vectors")
+    assert bidi_queries.column_names == ["qid", "vector"] and bidi_queries.schema.field("vector").type.list_size == 16
+    assert set(bidi_queries.column("qid").to_pylist()) == set(store.sql("SELECT qid FROM questions").column(0).to_pylist())
     assert store.get("dense_model", versions["train:bidi"]).manifest["parameters"]["train"]["loss"] == "bidirectional"
 
     wrecked = store.get("dense_model", versions["train:wrecked"])

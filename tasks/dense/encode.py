@@ -127,6 +127,11 @@ def embeddings_table(pids: Sequence[str], vectors: np.ndarray) -> pa.Table:
     return pa.table({"pid": pa.array(pids, type=pa.string()), "vector": vec})
 
 
+def query_vectors_table(qids: Sequence[str], vectors: np.ndarray) -> pa.Table:
+    """``qid: string, vector: fixed_size_list`` (a search stage's question vectors)."""
+    return embeddings_table(qids, np.asarray(vectors, dtype=np.float32)).rename_columns(["qid", "vector"])
+
+
 def vectors_from_table(table: pa.Table) -> tuple[list[str], np.ndarray]:
     """Inverse of ``embeddings_table``: (pids, ``[n, dim]`` array). Zero-copy for one-chunk tables."""
     col = table.column("vector")
@@ -143,7 +148,7 @@ def vectors_from_table(table: pa.Table) -> tuple[list[str], np.ndarray]:
         raise ValueError("vector values have nulls")
     mat = values.to_numpy(zero_copy_only=True).reshape(-1, dim) if len(values) else \
         np.zeros((0, dim), dtype=values.type.to_pandas_dtype())
-    return table.column("pid").to_pylist(), mat
+    return table.column(table.column_names[0]).to_pylist(), mat  # pid, or qid for question vectors
 
 
 def iter_shards(n: int, shard_size: int) -> Iterator[tuple[int, int]]:

@@ -18,6 +18,9 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.dense.models import encode_side, for_inference, load_bi_encoder, resolve_device
 from tasks.engine import Pinned, Stage, StageParams
+
+#: The table of a search stage's artifact holding its question vectors (qid, vector).
+QUERY_VECTORS = "query_vectors"
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
 
@@ -192,6 +195,7 @@ def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> 
 
 def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from tasks.dense import faiss_index
+    from tasks.dense.encode import query_vectors_table
 
     device = resolve_device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
@@ -201,6 +205,8 @@ def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -
     index = faiss_index.load_index(inputs["index"].subdir("index"))
     runs = faiss_index.search(index, vectors.astype("float32"), params.k, pids, questions.column("qid"), system=params.system)
     write_table(out, runs)
+    # The question vectors too: miners and embedding fusion read them instead of re-encoding.
+    write_table(out, query_vectors_table(questions.column("qid").to_pylist(), vectors), name=QUERY_VECTORS)
     return {"stats": {"queries": questions.num_rows, "hits": runs.num_rows}}
 
 
@@ -228,7 +234,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
                          _renamed(build_encode), pinned=pinned, variant=variant))
         out.append(Stage(f"index:{n}", "faiss_index", "1", (f"encode:{n}",), IndexParams(**cfg.dense.index.model_dump()),
                          _renamed(build_index, encode=f"encode:{n}"), variant=variant))
-        out.append(Stage(f"search:{n}", "dense_runs", "2", ("ingest_questions", f"encode:{n}", f"index:{n}", *model_stages),
+        out.append(Stage(f"search:{n}", "dense_runs", "3", ("ingest_questions", f"encode:{n}", f"index:{n}", *model_stages),
                          SearchParams(**common, k=cfg.bm25.k), _renamed(build_search, encode=f"encode:{n}", index=f"index:{n}"),
                          produces_runs=True, pinned=pinned, variant=variant))
     return out
