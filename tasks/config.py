@@ -87,6 +87,27 @@ class PipelineConfig(_Strict):
     # The folder of the YAML file (relative init_from paths and config references start there).
     _config_dir: Optional[Path] = PrivateAttr(default=None)
 
+    @model_validator(mode="after")
+    def _known_negatives(self):
+        systems = {s.name: s for s in (self.dense.systems if self.dense else [])}
+        for name, miner in self.negatives.dense.items():
+            if miner.system not in systems or not systems[miner.system].evaluate:
+                raise ValueError(f"negatives.dense.{name}.system {miner.system!r} is not an evaluated dense system "
+                                 f"(its passage and question vectors mine): {sorted(systems)}")
+        known = {"bm25", "context", "random", "mixed", *self.negatives.dense}
+        for system in systems.values():
+            names = system.train.negatives if system.train else []
+            if "mixed" in names:  # paper 003's mix: coarse, fine, bm25, context unless configured otherwise
+                unknown = [n for n in self.negatives.mixed if n not in known - {"mixed"}]
+                if unknown:
+                    raise ValueError(f"{system.name} draws from mixed, whose negatives.mixed names {unknown}: define them "
+                                     f"under negatives.dense (e.g. coarse: {{system: NAME}}) or drop them from negatives.mixed")
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(f"{system.name}.train.negatives {unknown}: not a strategy; known: {sorted(known)} "
+                                 "(dense-mined ones are defined under negatives.dense)")
+        return self
+
     @property
     def config_dir(self) -> Path:
         return self._config_dir or PROJECT_ROOT / "configs"

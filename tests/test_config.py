@@ -85,6 +85,10 @@ def test_extends_errors_name_the_file(tmp_path, files, load, error):
     ("name: x\ndense: {systems: [{name: a, train: {loss: nope}}]}\n", "loss"),
     ("name: x\ndense: {systems: [{name: a, init_from: b}]}\n", "init_from"),
     ("name: x\ndense: {systems: [{name: a, evaluate: false}]}\n", "evaluate"),  # nothing to do
+    ("name: x\ndense: {systems: [{name: a, train: {negatives: [coarse]}}]}\n", "negatives"),  # undefined strategy
+    ("name: x\nnegatives: {dense: {coarse: {system: nope}}}\ndense: {systems: [{name: a}]}\n", "coarse"),
+    ("name: x\nnegatives: {dense: {bm25: {system: a}}}\ndense: {systems: [{name: a}]}\n", "bm25"),  # built-in name
+    ("name: x\ndense: {systems: [{name: a, train: {negatives: [mixed]}}]}\n", "mixed"),  # coarse, fine undefined
     ("name: x\ndense: {systems: [{name: a, evaluate: false, train: {}}], hybrid: {system: a}}\n", "evaluate"),
 ])
 def test_meaningless_values_are_refused_at_load(tmp_path, text, field):

@@ -10,6 +10,7 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 from flows.pipeline import pipeline
 from models.checkpoints import resolve_checkpoint
 from storage import ArtifactStore
+from tasks.negatives.stages import NegativesConfig
 from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, FusionConfig, HybridConfig, load_config
 
 
@@ -43,8 +44,10 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
                                    train=DenseTrainConfig(loss="dpr", batch_size=8, epochs=3, lr=3e-4, select_on_dev=False,
                                                           hard_negatives=1, passage_max_len=160, seed=1)),
                  # The DPR recipe's towers and paper 003's variant run through the same stages.
+                 # Its pool mixes BM25, context, random and negatives mined by "trained" (coarse here).
                  DenseSystemConfig(name="two-tower", model={**model, "shared": False, "pooling": "cls", "normalize": False, "scale": 1.0},
-                                   train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=2, select_on_dev=False)),
+                                   train=DenseTrainConfig(loss="dpr", batch_size=8, max_steps=2, select_on_dev=False,
+                                                          negatives=["mixed"])),
                  DenseSystemConfig(name="bidi", model={**model, "pooling": "cls", "projection_dim": 16},
                                    train=DenseTrainConfig(loss="bidirectional", batch_size=8, max_steps=2, select_on_dev=False,
                                                           negatives=["bm25", "context"])),
@@ -58,7 +61,9 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
         hybrid=HybridConfig(system="trained", tune_split="dev", tune_k=5))
     fusion = [FusionConfig(name="rrf3", method="rrf", runs=["bm25", "trained", "random"]),
               FusionConfig(name="lin3", runs=["trained", "bm25", "random"], tune_k=5, rounds=2)]
-    cfg = cfg.model_copy(update={"dense": dense, "fusion": fusion})
+    negatives = NegativesConfig(dense={"coarse": {"system": "trained", "depth": 20}}, random={"depth": 20},
+                                mixed=["coarse", "bm25", "context", "random"])
+    cfg = cfg.model_copy(update={"dense": dense, "fusion": fusion, "negatives": negatives})
     versions = pipeline(config=cfg, root=str(tmp_path))
     assert {"train:trained", "encode:random", "index:trained", "search:trained", "hybrid", "pairs:gold",
             "negatives:bm25", "fusion:rrf3", "fusion:lin3"} <= set(versions)
@@ -123,7 +128,17 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     shown = store.sql("SELECT DISTINCT system FROM embeddings ORDER BY 1").column(0).to_pylist()
     assert shown == sorted(["random", "trained", "two-tower", "bidi", "wrecked"])
     assert set(store.sql("SELECT DISTINCT system FROM dense_runs").column(0).to_pylist()) == set(shown)
-    assert store.sql("SELECT DISTINCT strategy FROM negatives ORDER BY 1").column(0).to_pylist() == ["bm25", "context"]
+    assert store.sql("SELECT DISTINCT strategy FROM negatives ORDER BY 1").column(0).to_pylist() == \
+        ["bm25", "coarse", "context", "random"]
+    # mixed is recorded as what it stood for; every retrieval strategy reports what it filtered
+    assert store.get("dense_model", versions["train:two-tower"]).manifest["parameters"]["train"]["negatives"] == \
+        ["coarse", "bm25", "context", "random"]
+    for name in ("coarse", "bm25", "random"):
+        filtering = store.get("negatives", versions[f"negatives:{name}"]).manifest["stats"]["filtering"]
+        assert filtering["candidates"] == filtering["kept"] + filtering["dropped_gold"] + filtering["dropped_answer"]
+    coarse = store.get("negatives", versions["negatives:coarse"]).manifest
+    assert coarse["inputs"]["search:trained"]["version"] == versions["search:trained"]
+    assert coarse["stats"]["filtering"]["dropped_gold"] > 0  # the trained encoder ranks gold passages high
     assert store.get("dense_model", versions["train:bidi"]).manifest["inputs"]["negatives:context"]["version"] == \
         versions["negatives:context"]
     assert store.sql("SELECT DISTINCT source FROM pairs").column(0).to_pylist() == ["gold"]

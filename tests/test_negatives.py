@@ -3,7 +3,7 @@ section 4.1), including the half of a single-passage document."""
 import pyarrow as pa
 
 from tasks.negatives.mining import answer_free_negatives, context_negatives
-from tasks.schemas import PAIRS, RUNS
+from tasks.schemas import NEGATIVES, PAIRS, RUNS
 from tasks.training.examples import examples_from_pairs
 
 PASSAGES = pa.table({
@@ -56,3 +56,90 @@ def test_bm25_negatives_drop_gold_and_answer_bearing_passages_and_keep_run_order
                                 gold, "bm25", depth=3)
     assert neg.column("pid").to_pylist() == ["a#1"]  # a#0 gold, a#2 holds the answer, a#3 beyond depth
     assert neg.column("rank").to_pylist() == [2]
+
+
+TEXT = dict(zip(PASSAGES["pid"].to_pylist(), PASSAGES["text"].to_pylist()))
+
+
+def test_every_strategy_is_filtered_of_gold_answers_and_judged_relevant_with_counts():
+    from tasks.negatives.mining import filter_candidates
+
+    questions = pa.table({"qid": ["q", "r"], "question": ["which number", "what river"], "answers": [["two"], []]})
+    gold = pa.table({"qid": ["q"], "pid": ["a#0"]})
+    candidates = [("q", "a#0", 1, 0.9), ("q", "a#1", 2, 0.8), ("q", "a#2", 3, 0.7), ("q", "a#3", 4, 0.6),
+                  ("r", "b#0", 1, 0.5), ("r", "a#1", 2, 0.4)]
+    judged = []
+
+    def judge(pairs):  # the silver-labelling hook: a cross-encoder would score these
+        judged.extend(pairs)
+        return [text == "three" for _, text in pairs]
+
+    neg, counts = filter_candidates(candidates, questions, TEXT, gold, "coarse", is_relevant=judge)
+    assert neg.column("pid").to_pylist() == ["a#1", "b#0", "a#1"] and set(neg.column("strategy").to_pylist()) == {"coarse"}
+    assert neg.column("score").to_pylist() == [0.800000011920929, 0.5, 0.4000000059604645]
+    assert ("which number", "three") in judged and ("which number", "zero") not in judged  # gold never reaches the judge
+    assert counts == {"candidates": 6, "dropped_gold": 1, "dropped_answer": 1, "dropped_relevant": 1, "kept": 3,
+                      "filtered_share": 0.5}
+    # without answer filtering a2 stays (paper 003 filters by answer; the switch is the config's)
+    kept = filter_candidates(candidates, questions, TEXT, gold, "coarse", filter_answers=False)[0]
+    assert "a#2" in kept.column("pid").to_pylist()
+
+
+def test_random_negatives_are_seeded_per_question_and_differ_between_questions():
+    from tasks.negatives.mining import random_candidates
+
+    pids = [f"p{i}" for i in range(50)]
+    one = list(random_candidates(["q1", "q2"], pids, depth=5, seed=3))
+    assert [c[0] for c in one] == ["q1"] * 5 + ["q2"] * 5 and [c[2] for c in one[:5]] == [1, 2, 3, 4, 5]
+    assert len({c[1] for c in one[:5]}) == 5  # without replacement
+    assert list(random_candidates(["q2"], pids, depth=5, seed=3)) == one[5:]  # independent of the other questions
+    assert [c[1] for c in one[:5]] != [c[1] for c in one[5:]]
+    assert list(random_candidates(["q1"], pids, depth=5, seed=4)) != one[:5]
+    assert len(list(random_candidates(["q1"], pids[:3], depth=5, seed=3))) == 3  # depth beyond the corpus
+
+
+def test_coarse_and_fine_miners_find_their_kind_of_neighbours():
+    """Paper 003 section 4.2 on a hand-made corpus: a low-dimensional (topic-only) encoder ranks
+    every on-topic passage alike, a high-dimensional one also ranks the semantically close one first."""
+    import numpy as np
+
+    from tasks.negatives.mining import dense_candidates
+
+    pids = ["gold", "same-topic-close", "same-topic-far", "off-topic"]
+    coarse = np.array([[1.0, 0.0], [0.9, 0.1], [0.95, 0.05], [0.0, 1.0]], dtype="float32")  # dim 0: the topic
+    fine = np.array([[1, 0, 1, 0], [1, 0, 0.9, 0.1], [1, 0, 0, 1], [0, 1, 0, 0]], dtype="float32")
+    query_coarse, query_fine = coarse[:1], fine[:1]
+
+    def mined(query, vectors, shard):
+        shards = ((pids[i:i + shard], vectors[i:i + shard]) for i in range(0, len(pids), shard))
+        return [pid for _, pid, _, _ in dense_candidates(["q"], query, shards, depth=3)]
+
+    assert mined(query_coarse, coarse, 3) == ["gold", "same-topic-far", "same-topic-close"]
+    assert mined(query_fine, fine, 1) == ["gold", "same-topic-close", "same-topic-far"]  # shards of one row
+    ranks = [c[2] for c in dense_candidates(["q"], query_fine, [(pids, fine)], depth=2)]
+    assert ranks == [1, 2]
+
+
+def test_mixed_expands_to_its_members_and_its_pool_draws_from_every_strategy():
+    from tasks.negatives.stages import NegativesConfig
+    from tasks.training.data import Collator
+
+    config = NegativesConfig(dense={"coarse": {"system": "c"}, "fine": {"system": "f"}})
+    assert config.expand(["mixed"]) == ["coarse", "fine", "bm25", "context"]
+    assert config.expand(["bm25", "mixed"]) == ["bm25", "coarse", "fine", "context"]
+    passages = pa.table({"pid": [f"p{i}" for i in range(30)], "title": ["T"] * 30, "text": [f"text {i}" for i in range(30)]})
+    rows = [{"qid": "q", "pid": f"p{10 * s + r}", "strategy": name, "rank": r, "score": None, "text": None}
+            for s, name in enumerate(["coarse", "fine", "bm25"]) for r in range(1, 4)]
+    pairs = _pairs([("q", "query", "p29"), ("q2", "other", "p28")])
+    negatives = pa.Table.from_pylist(rows + [{**rows[0], "qid": "q2"}], schema=NEGATIVES)
+    (example, _) = examples_from_pairs(pairs, negatives, passages, negative_pool=9, hard_negatives=2, batch_size=2, seed=0)
+    strategy_of = {(r["pid"]): r["strategy"] for r in rows}
+    # interleaved by rank: the top M holds every strategy's best
+    assert [strategy_of[f"p{p[1].split()[1]}"] for p in example.negatives[:3]] == ["coarse", "fine", "bm25"]
+    collator = Collator(_StubTokenizer(), hard_negatives=2, seed=1)
+    drawn = {strategy_of[f"p{t.split()[1]}"] for epoch in range(20) for _, t in collator.draw_negatives([example], epoch)}
+    assert drawn == {"coarse", "fine", "bm25"}
+
+
+class _StubTokenizer:
+    """Only draw_negatives is called: no tokenisation happens."""

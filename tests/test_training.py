@@ -131,23 +131,25 @@ def test_collator_shapes_and_single_padding(tokenizer):
     assert n0 is None
 
 
-def test_collator_negative_draws_deterministic(tokenizer):
+def test_collator_negative_draws_deterministic_per_seed_and_epoch(tokenizer):
+    """Paper 003 section 4.3: N of each question's M, a fresh draw each epoch; a draw is a function
+    of (seed, epoch, question), so neither the batch it lands in nor a resume changes it."""
     examples = make_examples(n=6, pool=5)
     a = Collator(tokenizer, hard_negatives=2, seed=7)
     b = Collator(tokenizer, hard_negatives=2, seed=7)
-    draws_a = [a.draw_negatives(examples) for _ in range(3)]
-    draws_b = [b.draw_negatives(examples) for _ in range(3)]
-    assert draws_a == draws_b
-    assert draws_a[0] != draws_a[1]  # a fresh draw each step
+    epochs_a = [a.draw_negatives(examples, epoch) for epoch in range(3)]
+    assert epochs_a == [b.draw_negatives(examples, epoch) for epoch in range(3)]
+    assert epochs_a[0] != epochs_a[1]  # a fresh draw each epoch
+    assert Collator(tokenizer, hard_negatives=2, seed=8).draw_negatives(examples, 0) != epochs_a[0]
+    # the same question draws the same in another batch (here: alone, and in reverse order)
+    alone = a.draw_negatives(examples[3:4], 1)
+    assert alone == epochs_a[1][6:8]
+    assert a.draw_negatives(examples[::-1], 1)[-2:] == epochs_a[1][:2]
     # question-major, from each question's own pool, no repeats within a question
     for i, e in enumerate(examples):
-        mine = draws_a[0][2 * i: 2 * i + 2]
+        mine = epochs_a[0][2 * i: 2 * i + 2]
         assert all(tuple(x) in {tuple(y) for y in e.negatives} for x in mine)
         assert mine[0] != mine[1]
-    state = a.state_dict()
-    c = Collator(tokenizer, hard_negatives=2, seed=123)
-    c.load_state_dict(state)
-    assert c.draw_negatives(examples) == a.draw_negatives(examples)
     with pytest.raises(ValueError):
         Collator(tokenizer, hard_negatives=1)(make_examples(n=2, pool=0))
 

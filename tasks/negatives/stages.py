@@ -1,51 +1,127 @@
 """Negatives family: the `negatives:` config section and one `negatives:STRATEGY` stage per
-strategy a trained system names. Every strategy writes the same table (qid, pid, strategy, rank,
-score), which any trainer reads as data."""
+strategy a trained system names (paper 003 section 4): bm25, context, random, the dense-mined
+ones (coarse, fine, self-mined: any name under `negatives.dense`), and `mixed` (a pool of several).
+Every strategy writes the same table (qid, pid, strategy, rank, score, text), which any trainer
+reads as data."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
-from tasks.negatives.mining import answer_free_negatives, context_negatives
+from tasks.negatives.mining import context_negatives
+
+logger = logging.getLogger("passage_forge")
 
 
 class RunNegativesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    depth: int = Field(100, ge=1, description="ranks of the run mined per question")
+    # Paper 003 section 5.3: a pool of M = 100 negatives per question.
+    depth: int = Field(100, ge=1, description="M: candidates mined per question (before filtering)")
     filter_answers: bool = Field(True, description="drop passages that contain an answer (paper 003 section 4.1)")
     splits: list[str] = Field(default_factory=lambda: ["train"], description="splits whose questions are mined")
+
+
+class RandomNegativesConfig(RunNegativesConfig):
+    seed: int = Field(13, description="draws are seeded per (seed, question)")
+
+
+class DenseNegativesConfig(RunNegativesConfig):
+    system: str = Field(..., description="the dense system whose encoder mines: its passage vectors (encode:SYSTEM) "
+                                         "and question vectors (search:SYSTEM)")
+
+
+#: Strategy names with their own meaning; the `dense:` entries take any other name.
+BUILT_IN = ("bm25", "context", "random", "mixed")
 
 
 class NegativesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bm25: RunNegativesConfig = Field(default_factory=RunNegativesConfig, description="BM25 negatives")
+    random: RandomNegativesConfig = Field(default_factory=RandomNegativesConfig, description="uniformly drawn passages")
+    # Paper 003 section 4.2: coarse (a 25-d encoder) and fine (512-d) negatives; paper 002
+    # figure 3: self-mined (retriever 1 mines for retriever 2). Each is a named dense miner.
+    dense: dict[str, DenseNegativesConfig] = Field(default_factory=dict, description=(
+        "dense-mined strategies by name, e.g. {coarse: {system: coarse25}, fine: {system: fine512}}"))
+    # Paper 003 section 5 ("mixing all 4 hard negatives"): one pool from all four kinds.
+    mixed: list[str] = Field(default_factory=lambda: ["coarse", "fine", "bm25", "context"],
+                             description="the strategies a system naming `mixed` draws from")
+    shard_size: int = Field(65536, ge=1, description="passage vectors per block of dense mining (memory bound)")
+
+    @model_validator(mode="after")
+    def _names(self):
+        taken = [n for n in self.dense if n in BUILT_IN]
+        if taken:
+            raise ValueError(f"dense strategy names {taken} are built-in strategies; pick other names")
+        return self
+
+    def expand(self, names: list[str]) -> list[str]:
+        """A system's negatives list with `mixed` replaced by its members, each once, in order."""
+        out: list[str] = []
+        for name in names:
+            for n in (self.mixed if name == "mixed" else [name]):
+                if n not in out:
+                    out.append(n)
+        return out
 
 
-class RunNegativesParams(StageParams):
+class MineParams(StageParams):
+    RUNTIME = frozenset({"shard_size"})
     strategy: str
-    run_stage: str
+    source: str             # bm25_search, random, or search:SYSTEM
     depth: int
     filter_answers: bool
     splits: list[str]
     match_type: str
+    seed: Optional[int] = None
+    shard_size: int = 65536
 
 
-def build_run_negatives(params: RunNegativesParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    questions = inputs["ingest_questions"].read_table("questions")
+def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    """Candidates of the strategy's source for the questions of `splits`, filtered of gold and
+    answer-bearing passages; stats record the filtered share (and why)."""
+    from tasks.negatives.mining import filter_candidates, random_candidates, run_candidates
+
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
     questions = questions.filter(pc.is_in(questions.column("split"), value_set=pa.array(params.splits)))
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
-    negatives = answer_free_negatives(inputs[params.run_stage].read_table(), questions,
-                                      dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist())),
-                                      inputs["link_gold"].read_table(), params.strategy, params.depth,
-                                      params.filter_answers, params.match_type)
+    text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    if params.source == "random":
+        candidates = random_candidates(questions.column("qid").to_pylist(), passages.column("pid").to_pylist(),
+                                       params.depth, params.seed or 0)
+    elif params.source.startswith("search:"):
+        candidates = _dense_candidates(params, inputs, questions)
+    else:
+        candidates = run_candidates(inputs[params.source].read_table(), questions.column("qid"), params.depth)
+    negatives, counts = filter_candidates(candidates, questions, text_of, inputs["link_gold"].read_table(),
+                                          params.strategy, params.filter_answers, params.match_type)
     write_table(out, negatives)
-    return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows}}
+    logger.info("negatives:%s: %d kept of %d candidates (%.1f%% filtered)", params.strategy, counts["kept"],
+                counts["candidates"], 100 * counts["filtered_share"])
+    return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows,
+                      "filtering": counts}}
+
+
+def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table):
+    from tasks.dense.encode import vectors_from_table
+    from tasks.dense.stages import QUERY_VECTORS
+    from tasks.negatives.blocked_topk import iter_vector_shards
+    from tasks.negatives.mining import dense_candidates
+
+    wanted = questions.column("qid")
+    vectors = inputs[params.source].read_table(QUERY_VECTORS)
+    vectors = vectors.filter(pc.is_in(vectors.column("qid"), value_set=wanted))
+    qids, matrix = vectors_from_table(vectors)
+    shards = iter_vector_shards(inputs[params.source.replace("search:", "encode:", 1)].table_files(), params.shard_size)
+    # materialised here: the filter walks them in order, the miner's memory is freed after
+    return list(dense_candidates(qids, matrix.astype("float32"), shards, params.depth))
 
 
 class ContextParams(StageParams):
@@ -67,19 +143,34 @@ def _trained(cfg) -> list:
     return [s for s in (cfg.dense.systems if cfg.dense else []) if s.train]
 
 
+def wanted_strategies(cfg) -> set[str]:
+    """Every strategy some trained system draws from, `mixed` expanded."""
+    return {n for s in _trained(cfg) for n in cfg.negatives.expand(s.train.negatives)}
+
+
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = []
-    wanted = {n for s in _trained(cfg) for n in s.train.negatives}
+    c = cfg.negatives
+    wanted = wanted_strategies(cfg)
     if "context" in wanted:
         # Paper 003 section 4.1: the other passages of the positive's document.
-        sources = sorted({p for s in _trained(cfg) if "context" in s.train.negatives for p in s.train.pairs})
+        sources = sorted({p for s in _trained(cfg) if "context" in c.expand(s.train.negatives) for p in s.train.pairs})
         stages_ = [f"pairs:{p}" for p in sources]
         out.append(Stage("negatives:context", "negatives", "1", ("ingest_questions", "chunk", *stages_),
                          ContextParams(pairs=stages_), build_context_negatives, variant={"strategy": "context"}))
+    common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size)
+    mined = {}
     if "bm25" in wanted:
-        c = cfg.negatives.bm25
-        params = RunNegativesParams(strategy="bm25", run_stage="bm25_search", depth=c.depth, filter_answers=c.filter_answers,
-                                    splits=c.splits, match_type=cfg.evaluation.match_type)
-        out.append(Stage("negatives:bm25", "negatives", "2", ("ingest_questions", "chunk", "link_gold", "bm25_search"),
-                         params, build_run_negatives, variant={"strategy": "bm25"}))
+        mined["bm25"] = ("bm25_search", c.bm25, ())
+    if "random" in wanted:
+        mined["random"] = ("random", c.random, ())
+    for name, miner in c.dense.items():
+        if name in wanted:
+            mined[name] = (f"search:{miner.system}", miner, (f"encode:{miner.system}",))
+    for name, (source, conf, extra) in mined.items():
+        params = MineParams(strategy=name, source=source, depth=conf.depth, filter_answers=conf.filter_answers,
+                            splits=conf.splits, seed=getattr(conf, "seed", None), **common)
+        sources = (source, *extra) if source != "random" else ()
+        out.append(Stage(f"negatives:{name}", "negatives", "3", ("ingest_questions", "chunk", "link_gold", *sources),
+                         params, build_mined_negatives, variant={"strategy": name}))
     return out

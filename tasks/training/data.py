@@ -133,16 +133,13 @@ class Collator:
         self.passage_max_len = int(passage_max_len)
         self.hard_negatives = int(hard_negatives)
         self.seed = seed
-        self.rng = random.Random(seed)
 
-    # -- RNG state (checkpointed) -----------------------------------------------------------
+    # -- checkpoint state: none (draws are a function of seed, epoch and question) ---------
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.getstate()}
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        rng_state = state["rng"]
-        # torch.save / json may turn the inner tuple into a list
-        self.rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
+        pass  # checkpoints of older versions kept an RNG state; draws no longer need one
 
     # -- tokenisation -----------------------------------------------------------------------
     def _pad(self, encoded) -> dict[str, torch.Tensor]:
@@ -157,7 +154,10 @@ class Collator:
         enc = self.tokenizer(titles, texts, truncation=True, max_length=self.passage_max_len, padding=False)
         return self._pad(enc)
 
-    def draw_negatives(self, examples: Sequence[TrainExample]) -> list[Passage]:
+    def draw_negatives(self, examples: Sequence[TrainExample], epoch: int = 0) -> list[Passage]:
+        """N of each question's pool of M (paper 003 section 4.3), drawn by an RNG seeded with
+        (seed, epoch, question): the same question draws the same negatives in the same epoch
+        whatever its batch or a resume, and other ones the next epoch."""
         n = self.hard_negatives
         positives = {tuple(e.positive) for e in examples}
         drawn: list[Passage] = []
@@ -168,16 +168,17 @@ class Collator:
             if not pool:
                 raise ValueError(f"question {e.qid!r} has no hard negatives but hard_negatives={n}; "
                                  "use hard_negatives=0 or mine negatives first")
-            drawn.extend(self.rng.sample(pool, n) if len(pool) >= n else self.rng.choices(pool, k=n))
+            rng = random.Random(f"{self.seed}:{epoch}:{e.qid}")
+            drawn.extend(rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n))
         return drawn
 
-    def __call__(self, examples: Sequence[TrainExample]):
+    def __call__(self, examples: Sequence[TrainExample], epoch: int = 0):
         if not examples:
             raise ValueError("empty batch")
         query_batch = self.encode_queries([e.query for e in examples])
         passage_batch = self.encode_passages([e.positive for e in examples])
         negative_batch = None
         if self.hard_negatives > 0:
-            negative_batch = self.encode_passages(self.draw_negatives(examples))
+            negative_batch = self.encode_passages(self.draw_negatives(examples, epoch))
         weights = torch.tensor([float(e.weight) for e in examples], dtype=torch.float32)
         return query_batch, passage_batch, negative_batch, weights

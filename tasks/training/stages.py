@@ -25,12 +25,13 @@ class DenseTrainConfig(TrainerArgs):
     loss: str = Field("dpr", description="loss by name from models.losses.LOSSES: dpr, bidirectional, weighted")
     pairs: list[Literal["gold", "synthetic"]] = Field(default_factory=lambda: ["gold"], min_length=1,
                                                       description="pairs artifacts trained on (pairs:NAME stages): gold, synthetic (needs qgen:)")
-    negatives: list[Literal["bm25", "context"]] = Field(default_factory=lambda: ["bm25"],
-                                             description="negatives artifacts the pool is drawn from (negatives:NAME stages)")
+    negatives: list[str] = Field(default_factory=lambda: ["bm25"], description=(
+        "strategies the pool is drawn from (negatives:NAME stages): bm25, context, random, mixed, or a "
+        "negatives.dense name (coarse, fine, self-mined); [] with hard_negatives 0: in-batch (Rnd) only"))
     split: str = Field("train", description="the split whose pairs are trained on")
     batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
-    # Paper 003 section 4.3: N hard negatives per question per step, drawn from its pool of M.
-    negative_pool: int = Field(10, ge=1, description="M: the top negatives per question the N are drawn from")
+    # Paper 003 sections 4.3 and 5.3: N = 2 hard negatives per question per step, drawn from its pool of M = 100.
+    negative_pool: int = Field(100, ge=1, description="M: the top negatives per question the N are drawn from")
     max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many pairs")
     eval_at_start: bool = Field(True, description="with select_on_dev: the untrained model is a candidate too")
     # Checkpoint selection on dev (paper 000, Experiment, implementation details: "dev set results
@@ -117,7 +118,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     for system in cfg.dense.systems:
         if system.train is None:
             continue
-        t = system.train
+        # `mixed` stands for its member strategies: the version names what was drawn from
+        t = system.train.model_copy(update={"negatives": cfg.negatives.expand(system.train.negatives)})
         origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
         data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)
         params = TrainParams(system=system.name, origin=origin, train=t, dev_encode=EncodeSettings.of(cfg.dense.encode),

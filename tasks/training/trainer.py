@@ -95,7 +95,7 @@ class TrainerArgs(ScheduleArgs):
     fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
 
     batch_size: int = Field(32, ge=1, description="questions per step; every other question's passages are its in-batch negatives")
-    hard_negatives: int = Field(1, ge=0, description="hard negatives per question per step")
+    hard_negatives: int = Field(2, ge=0, description="N: hard negatives per question per step (paper 003 section 5.3: 2)")
     query_max_len: int = Field(32, ge=1, description="query tokens")
     passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
@@ -407,7 +407,7 @@ def train_bi_encoder(
     log_every = max(total_steps // 10, 1)
     while step < total_steps:
         for indices in sampler:
-            q, p, n, w = collator([examples[i] for i in indices])
+            q, p, n, w = collator([examples[i] for i in indices], epoch=sampler.epoch)
             q, p, n, w = _to(q, device), _to(p, device), _to(n, device), w.to(device)
             for hook in hooks:
                 hook.on_batch(step + 1, (q, p, n, w))
