@@ -122,6 +122,7 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     lin3 = store.get("hybrid_runs", versions["fusion:lin3"]).manifest["stats"]
     assert [run for run, _ in lin3["weights"]] == ["search:trained", "bm25_search", "search:random"]
     assert lin3["weights"][0][1] == 1.0
+    assert (lin3["tune_split"], lin3["tune_metric"]) == ("dev", "accuracy@5")
     for name in ("rrf3", "lin3"):
         assert _metric(store, name, "top_k_accuracy", 20) > _metric(store, "random", "top_k_accuracy", 20)
     # The catalog shows every dense system, each at its latest version.

@@ -4,6 +4,8 @@ Both take and return RUNS tables (tasks.schemas.RUNS). Ties are broken determini
 """
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -130,30 +132,45 @@ def choose_weights(
     runs this is an exhaustive grid search. Returns (best weights, {weights: score}) over every
     weights tuple evaluated; each tuple includes the anchor's 1.0.
     """
-    if not len(grid):
-        raise ValueError("grid is empty")
     if len(runs) < 2:
         raise ValueError("need at least two runs to weight")
+    return coordinate_search(
+        len(runs), lambda ws: evaluate_fn(fuse_linear(runs, ws, k=k, system=system, missing=missing)), grid, rounds)
+
+
+def coordinate_search(count: int, evaluate: Callable[[tuple[float, ...]], float], grid: Sequence[float],
+                      rounds: int = 3, stay_on_ties: bool = False) -> tuple[tuple[float, ...], dict[tuple[float, ...], float]]:
+    """Weights (1.0, w_1, ..., w_{count-1}) maximising `evaluate` by coordinate search over `grid`.
+
+    The others start at the grid point nearest 1.0; each round tries every grid point for each
+    weight in order with the rest fixed. Ties go to the earlier grid point, or with
+    `stay_on_ties` to the smallest change from the current weight (a weight then moves only for a
+    strictly better score). NaN never wins. Stops when a round changes nothing or after `rounds`.
+    Returns (weights, {weights: score}) over every tuple evaluated, in the order tried."""
+    if not len(grid):
+        raise ValueError("grid is empty")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
     grid = [float(g) for g in grid]
     start = min(grid, key=lambda g: abs(g - 1.0))  # the first of equally near points
-    weights = [1.0] + [start] * (len(runs) - 1)
+    weights = [1.0] + [start] * (count - 1)
     scores: dict[tuple[float, ...], float] = {}
 
     def score(ws: tuple[float, ...]) -> float:
         if ws not in scores:
-            scores[ws] = float(evaluate_fn(fuse_linear(runs, ws, k=k, system=system, missing=missing)))
+            scores[ws] = float(evaluate(ws))
         return scores[ws]
 
     for _ in range(rounds):
         changed = False
-        for i in range(1, len(runs)):
-            best_w, best_s = grid[0], -np.inf  # grid[0] if every score is nan or -inf
-            for w in grid:
-                s = score(tuple(weights[:i] + [w] + weights[i + 1:]))
-                if s > best_s:
-                    best_w, best_s = w, s
-            changed |= best_w != weights[i]
-            weights[i] = best_w
+        for i in range(1, count):
+            current = weights[i]
+            tried = [(score(tuple(weights[:i] + [w] + weights[i + 1:])), w) for w in grid]
+            best = max((v for v, _ in tried if not math.isnan(v)), default=None)
+            winners = [w for v, w in tried if v == best] or [current]  # all NaN: the weight stays
+            choice = min(winners, key=lambda w: abs(w - current)) if stay_on_ties else winners[0]
+            changed |= choice != current
+            weights[i] = choice
         if not changed:
             break
     return tuple(weights), scores
