@@ -169,7 +169,9 @@ def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path) -
     model = for_inference(params.origin.load(inputs), device, params.settings.int8)
     writer, done, dim = None, 0, 0
     for f in files:
-        for shard in pq.ParquetFile(f).iter_batches(batch_size=params.shard_size, columns=["pid", "title", "text"]):
+        # pre_buffer=False: the default keeps every column chunk read until the file closes
+        for shard in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=params.shard_size,
+                                                                      columns=["pid", "title", "text"]):
             pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
             vectors = params.settings.encode(model, pairs, "passage", device, done=done, total=total, log=_log)
             table = embeddings_table(shard.column("pid").to_pylist(), vectors)
