@@ -19,3 +19,16 @@ def with_progress(items: Iterable[T], label: str, every: int = 10_000, total: in
             logger.info("%s: %s%s (%.0f/s)", label, f"{count:,}", of, rate)
         yield item
     logger.info("%s: done, %s in %.1f s", label, f"{count:,}", time.perf_counter() - start)
+
+
+def progress_logger(label: str, every_s: float = 30.0):
+    """A `progress(done, total)` callback logging at most every `every_s` seconds, and at the end:
+    for loops that report progress themselves (e.g. generation over batches)."""
+    last = time.monotonic()
+
+    def log(done: int, total: int) -> None:
+        nonlocal last
+        if done == total or time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            logger.info("%s: %s/%s", label, f"{done:,}", f"{total:,}")
+    return log

@@ -145,7 +145,7 @@ def coordinate_search(count: int, evaluate: Callable[[tuple[float, ...]], float]
     The others start at the grid point nearest 1.0; each round tries every grid point for each
     weight in order with the rest fixed. Ties go to the earlier grid point, or with
     `stay_on_ties` to the smallest change from the current weight (a weight then moves only for a
-    strictly better score). NaN never wins. Stops when a round changes nothing or after `rounds`.
+    strictly better score). NaN never wins (all NaN: grid[0], or with `stay_on_ties` no move). Stops when a round changes nothing or after `rounds`.
     Returns (weights, {weights: score}) over every tuple evaluated, in the order tried."""
     if not len(grid):
         raise ValueError("grid is empty")
@@ -167,7 +167,8 @@ def coordinate_search(count: int, evaluate: Callable[[tuple[float, ...]], float]
             current = weights[i]
             tried = [(score(tuple(weights[:i] + [w] + weights[i + 1:])), w) for w in grid]
             best = max((v for v, _ in tried if not math.isnan(v)), default=None)
-            winners = [w for v, w in tried if v == best] or [current]  # all NaN: the weight stays
+            # all NaN: the first grid point, or with stay_on_ties the weight stays
+            winners = [w for v, w in tried if v == best] or [current if stay_on_ties else grid[0]]
             choice = min(winners, key=lambda w: abs(w - current)) if stay_on_ties else winners[0]
             changed |= choice != current
             weights[i] = choice

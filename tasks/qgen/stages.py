@@ -21,6 +21,7 @@ from storage.parquet import write_table
 from storage.shards import build_shards, move_shards_into
 from tasks import schemas
 from tasks.engine import Stage, StageParams
+from tasks.progress import progress_logger
 from tasks.qgen.finetune import GeneratorTrainArgs
 
 logger = logging.getLogger("passage_forge")
@@ -169,7 +170,7 @@ def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact],
         sampled = generator.generate(pairs, n=g.queries_per_passage, top_p=g.top_p, top_k=g.top_k,
                                      max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, seed=g.seed + i,
                                      max_source_len=g.max_source_len, device=device,
-                                     progress=_progress_log(f"synthetic queries: shard {i + 1}/{n_shards}"))
+                                     progress=progress_logger(f"synthetic queries: shard {i + 1}/{n_shards}: passages"))
         rows = [{"pid": pid, "n": n, "query": q, "logprob": lp}
                 for pid, queries in zip(shard.column("pid").to_pylist(), sampled) for n, (q, lp) in enumerate(queries)]
         return pa.Table.from_pylist(rows, schema=schemas.SYNTHETIC_QUERIES)
@@ -183,19 +184,6 @@ def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact],
     per_passage = table.num_rows / max(passages.num_rows, 1)
     return {"stats": {"passages": passages.num_rows, "queries": table.num_rows, "queries_per_passage": round(per_passage, 3),
                       "shards": n_shards, "quality": _quality(table, passages, inputs, params.quality_split)}}
-
-
-def _progress_log(what: str, every_s: float = 30.0):
-    """A generate() progress callback logging at most every `every_s` seconds (and at the end)."""
-    import time
-
-    last = [time.monotonic()]
-
-    def log(done: int, total: int) -> None:
-        if done == total or time.monotonic() - last[0] >= every_s:
-            last[0] = time.monotonic()
-            logger.info("%s: %d/%d passages", what, done, total)
-    return log
 
 
 def _quality(table: pa.Table, passages: pa.Table, inputs: dict[str, Artifact], split: str) -> dict:
