@@ -33,6 +33,7 @@ from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from _step_args import add_step_arguments  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -59,15 +60,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--batch-size", type=int, default=16)
-    timing.add_repeat_argument(ap, what="timed repeats")
-    ap.add_argument("--steps-per-repeat", type=int, default=1, help="steps per system in each repeat")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per system first")
-    ap.add_argument("--query-length", type=int, default=32)
-    ap.add_argument("--passage-length", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) forward + loss")
+    add_step_arguments(ap)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
 

@@ -29,10 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     sql = sub.add_parser("sql", help="query the catalog's DuckDB views")
     sql.add_argument("query")
     sql.add_argument("--param", action="append", default=[], help="a bound query parameter ($1, $2, ...)")
+    search = sub.add_parser("search", help="the top passages for a question, from the latest or promoted artifacts")
+    search.add_argument("question")
+    which = search.add_mutually_exclusive_group()
+    which.add_argument("--system", help="bm25, a dense system, hybrid, a fusion (default: the promoted encoder, else bm25)")
+    which.add_argument("--promoted", action="store_true", help="the dense system of the last promoted encoder")
+    search.add_argument("-k", type=int, default=10, help="passages to print (default 10)")
+    search.add_argument("--config", type=Path, help="the artifacts this config built (default: the latest of the system)")
+    search.add_argument("--chars", type=int, default=240, help="characters of each passage's text to print (0: all)")
+    promote = sub.add_parser("promote", help="mark the trained encoder (dense_model version) that serves searches; "
+                                             "without a version, list the promotions")
+    promote.add_argument("version", nargs="?", help="a dense_model version (or a unique prefix of one)")
+    promote.add_argument("--note", help="why, recorded with the promotion")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines (corpus refresh), e.g. '0 3 * * 0'")
-    for command in (run, arts, sql, serve):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, serve):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -116,6 +128,42 @@ def _sql(args) -> int:
     return 0
 
 
+def _search(args) -> int:
+    from flows.search import search
+
+    if not args.debug:  # the passages are the output: no loader chatter (faiss, the stages' INFO lines)
+        logging.getLogger().setLevel(logging.WARNING)
+    result = search(args.question, system=args.system, promoted=args.promoted, k=args.k, root=args.root,
+                    config=args.config)
+    encoder = f", encoder dense_model {result.encoder}" if result.encoder else ""
+    print(f"{result.system} ({result.runs.stage} {result.runs.version}{encoder}): top {len(result.hits)} "
+          f"for {result.question!r}")
+    for hit in result.hits:
+        text = " ".join(hit.text.split())
+        if args.chars > 0 and len(text) > args.chars:
+            text = text[:args.chars].rsplit(" ", 1)[0] + " ..."
+        print(f"{hit.rank:3d}  {hit.score:10.4f}  {hit.title}  [{hit.pid}]")
+        print(f"     {text}")
+    return 0
+
+
+def _promote(args) -> int:
+    from flows.search import promote, promotions
+    from storage import ArtifactStore, resolve_root
+
+    if args.version is None:
+        rows = promotions(ArtifactStore(resolve_root(args.root)))
+        if not rows:
+            print("(no promotions)")
+        for row in rows:
+            print(f"{row['seq']:3d}  {row['promoted_at']}  {row['stage']} {row['version']}  {row['note'] or ''}".rstrip())
+        return 0
+    record = promote(args.version, root=args.root, note=args.note)
+    system = f" (system {record['system']})" if record.get("system") else ""
+    print(f"promoted {record['stage']} {record['version']}{system}: `pforge search` serves it")
+    return 0
+
+
 def _serve(args) -> int:
     from flows.serve import serve_pipeline
 
@@ -123,7 +171,7 @@ def _serve(args) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "serve": _serve}
+COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "serve": _serve}
 
 if __name__ == "__main__":
     sys.exit(main())

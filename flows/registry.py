@@ -15,11 +15,14 @@ from tasks.fusion import stages as fusion
 from tasks.gold import stages as gold
 from tasks.negatives import stages as negatives
 from tasks.qgen import stages as qgen
+from tasks.pretrain import stages as pretrain
 from tasks.readers import stages as ingest
+from tasks.rerank import stages as rerank
+from tasks.silver import stages as silver
 from tasks.training import stages as training
 
 # Each family declares its stages from the config and the stages declared before it.
-FAMILIES = [ingest, chunking, gold, bm25, qgen, negatives, training, dense, fusion, evaluation]
+FAMILIES = [ingest, chunking, gold, bm25, qgen, negatives, pretrain, silver, training, dense, fusion, rerank, evaluation]
 
 ALIASES = {"ingest": "ingest_documents", "questions": "ingest_questions", "gold": "link_gold",
            "index": "bm25_index", "retrieve": "bm25_search", "bm25": "bm25_search", "eval": "evaluate"}

@@ -12,6 +12,10 @@ catalog's own tables), the view is "S_T" instead. A stage whose artifacts carry 
 (a mapping of column -> value in the manifest, e.g. one artifact per system) gets the latest
 version of each variant in its views, unioned, with the variant's columns added where the table
 lacks them.
+
+Promotions (`pforge promote`) are recorded in <root>/promotions.jsonl (append-only, fsynced, under
+the rebuild lock) and indexed in the `promotions` table; a catalog built before the record last
+changed counts as stale, so the next open rebuilds it.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import json
 import os
 import secrets
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -34,8 +39,10 @@ from .paths import CATALOG_FILE, CATALOG_LOCK
 
 VIEWS_TABLE = "catalog_views"
 META_TABLE = "catalog_meta"
-RESERVED = {"artifacts", VIEWS_TABLE, META_TABLE}
-FORMAT = 2  # bump when the catalog's tables change: older files are rebuilt on open
+PROMOTIONS_TABLE = "promotions"
+PROMOTIONS_FILE = "promotions.jsonl"  # the record of promotions (append-only), beside the catalog
+RESERVED = {"artifacts", VIEWS_TABLE, META_TABLE, PROMOTIONS_TABLE}
+FORMAT = 3  # bump when the catalog's tables change: older files are rebuilt on open
 
 SCHEMA = f"""
 CREATE TABLE artifacts (
@@ -54,7 +61,19 @@ CREATE TABLE artifacts (
     PRIMARY KEY (stage, version)
 );
 CREATE TABLE {VIEWS_TABLE} (view_name VARCHAR PRIMARY KEY, stage VARCHAR, versions VARCHAR[], table_name VARCHAR);
-CREATE TABLE {META_TABLE} (format INTEGER, fingerprint VARCHAR);
+CREATE TABLE {META_TABLE} (format INTEGER, fingerprint VARCHAR, promotions VARCHAR);
+"""
+# Promotions (`pforge promote`): which artifact serves searches and refreshes; the highest seq is
+# the one in force. Like the manifests, <root>/promotions.jsonl is the record and this table its
+# index, filled on every rebuild; IF NOT EXISTS keeps it idempotent.
+PROMOTIONS_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {PROMOTIONS_TABLE} (
+    seq INTEGER NOT NULL,
+    stage VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    promoted_at TIMESTAMP NOT NULL,
+    note VARCHAR
+);
 """
 COLUMNS = ["stage", "version", "status", "created_at", "code_version", "parameters", "inputs",
            "rows", "bytes", "path", "stats", "variant"]
@@ -109,15 +128,18 @@ class Catalog:
             con.close()
 
     def built_from(self) -> str | None:
-        """The fingerprint the current file was built from; None if absent or of an older format."""
+        """The fingerprint the current file was built from; None if absent, of an older format, or
+        built before the promotions record last changed (so the next reconcile rebuilds it)."""
         if not self.path.exists():
             return None
         try:
             with self.read() as con:
-                row = con.execute(f"SELECT format, fingerprint FROM {META_TABLE}").fetchone()
+                row = con.execute(f"SELECT format, fingerprint, promotions FROM {META_TABLE}").fetchone()
         except duckdb.Error:
             return None
-        return row[1] if row and row[0] == FORMAT else None
+        if not row or row[0] != FORMAT or row[2] != _digest(self._promotions_bytes()):
+            return None
+        return row[1]
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:
         try:
@@ -135,12 +157,15 @@ class Catalog:
             con = duckdb.connect(str(tmp))
             try:
                 con.execute(SCHEMA)
+                promotions_raw = self._promotions_bytes()
+                _fill_promotions(con, parse_promotions(promotions_raw))
                 rows = [row_from_manifest(m, p) for m, p in committed.values()]
                 if rows:
                     con.executemany(f"INSERT INTO artifacts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                                     [[r[c] for c in COLUMNS] for r in rows])
                 _create_views(con, committed)
-                con.execute(f"INSERT INTO {META_TABLE} VALUES (?, ?)", [FORMAT, fingerprint(committed)])
+                con.execute(f"INSERT INTO {META_TABLE} VALUES (?, ?, ?)",
+                            [FORMAT, fingerprint(committed), _digest(promotions_raw)])
                 con.execute("CHECKPOINT")
             finally:
                 con.close()
@@ -158,6 +183,43 @@ class Catalog:
         """Hold the cross-process rebuild lock (writers only; readers never wait on it)."""
         with file_lock(self.lock_path):
             yield
+
+    # -- promotions -------------------------------------------------------------------------
+    @property
+    def promotions_path(self) -> Path:
+        return self.root / PROMOTIONS_FILE
+
+    def _promotions_bytes(self) -> bytes:
+        try:
+            return self.promotions_path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def promotions(self) -> list[dict]:
+        """Every promotion recorded, oldest first (from the record, not the catalog file)."""
+        return parse_promotions(self._promotions_bytes())
+
+    def record_promotion(self, stage: str, version: str, note: str | None = None) -> dict:
+        """Append a promotion to the record (fsynced, under the rebuild lock). The caller then
+        rebuilds the catalog (`ArtifactStore.reconcile(force=True)`); until it does, the stale
+        catalog reports itself stale (`built_from`), so the next store open rebuilds it."""
+        record = {"stage": stage, "version": version,
+                  "promoted_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"), "note": note}
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with self.rebuilding():
+            existing = self._promotions_bytes()
+            created = not self.promotions_path.exists()
+            if existing and not existing.endswith(b"\n"):
+                line = "\n" + line  # a torn last line (a crash mid-append) stays on its own line
+            fd = os.open(self.promotions_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                fsync_dir(self.root)
+        return {"seq": len(parse_promotions(existing)) + 1, **record}
 
     def remove_leftovers(self) -> None:
         """Temporary catalogs of rebuilds that died (called under the rebuild lock)."""
@@ -190,7 +252,10 @@ def _select(glob: str, variant: dict, columns: set[str]) -> str:
 def _create_views(con, committed: Committed) -> None:
     used = set(RESERVED)
     for stage, latest in _latest_per_variant(committed):
-        tables = latest[0][1].get("tables", {})
+        tables: dict[str, dict] = {}  # every variant's tables (one variant may write a named table others lack)
+        for _, manifest, _ in latest:
+            for table, info in manifest.get("tables", {}).items():
+                tables.setdefault(table, info)
         # The default table first, so it keeps the stage's own name.
         for table in sorted(tables, key=lambda t: (not tables[t].get("default"), t)):
             info = tables[table]
@@ -213,6 +278,30 @@ def _create_views(con, committed: Committed) -> None:
             con.execute(f"CREATE VIEW {quote_ident(name)} AS " + " UNION ALL BY NAME ".join(selects))
             con.execute(f"INSERT INTO {VIEWS_TABLE} VALUES (?, ?, ?, ?)", [name, stage, [v for v, _, _ in parts], table])
             used.add(name.lower())
+
+
+def _digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def parse_promotions(raw: bytes) -> list[dict]:
+    """The records of promotions.jsonl in order, numbered from 1; a torn or foreign line is skipped."""
+    out = []
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+            out.append({"seq": len(out) + 1, "stage": str(record["stage"]), "version": str(record["version"]),
+                        "promoted_at": parse_created_at(record["promoted_at"]), "note": record.get("note")})
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _fill_promotions(con, promotions: list[dict]) -> None:
+    con.execute(PROMOTIONS_SCHEMA)
+    if promotions:
+        con.executemany(f"INSERT INTO {PROMOTIONS_TABLE} VALUES (?, ?, ?, ?, ?)",
+                        [[p["seq"], p["stage"], p["version"], p["promoted_at"], p["note"]] for p in promotions])
 
 
 def parse_json_columns(row: dict) -> dict:

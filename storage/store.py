@@ -239,8 +239,9 @@ class ArtifactStore:
 
     # -- garbage collection -------------------------------------------------------------
     def gc(self, keep_latest: int = 1) -> list[Path]:
-        """Delete all but the `keep_latest` newest versions of each stage, sparing any version
-        that a kept one (transitively) uses as input. Returns removed paths."""
+        """Delete all but the `keep_latest` newest versions of each stage, sparing any promoted
+        version (`pforge promote`) and any version that a kept one (transitively) uses as input.
+        Returns removed paths."""
         if keep_latest < 1:
             raise ValueError("keep_latest must be >= 1")
         rows = self.list_artifacts()
@@ -248,9 +249,11 @@ class ArtifactStore:
         for r in rows:
             by_stage.setdefault(r["stage"], []).append(r)
         keep: set[tuple[str, str]] = set()
+        promoted = {(p["stage"], p["version"]) for p in self.catalog.promotions()}
         for stage_rows in by_stage.values():
             stage_rows.sort(key=lambda r: (r["created_at"], r["version"]), reverse=True)
-            for r in stage_rows[:keep_latest]:
+            spared = stage_rows[:keep_latest] + [r for r in stage_rows[keep_latest:] if (r["stage"], r["version"]) in promoted]
+            for r in spared:
                 for item in self.lineage(r["stage"], r["version"]):
                     keep.add((item["stage"], item["version"]))
         doomed = [(r["stage"], r["version"]) for r in rows if (r["stage"], r["version"]) not in keep]

@@ -14,6 +14,9 @@ from tasks.evaluation.stages import EvalConfig
 from tasks.fusion.stages import FusionConfig, HybridConfig
 from tasks.negatives.stages import NegativesConfig
 from tasks.qgen.stages import QgenConfig
+from tasks.pretrain.stages import PretrainConfig, check_pretrain_config
+from tasks.rerank.stages import RerankConfig
+from tasks.silver.stages import CrossEncoderConfig, SilverConfig
 from tasks.readers.stages import PROJECT_ROOT, BeirSource, DataConfig, QaFile, QaSource, SplitConfig, SquadSource
 from tasks.training.stages import DenseTrainConfig
 
@@ -35,7 +38,8 @@ class DenseSystemConfig(_Strict):
     train: Optional[DenseTrainConfig] = Field(None, description="absent: the encoder is used as it starts (zero-shot)")
     init_from: Optional[str] = Field(
         None, description="start from another system's trained encoder (its name), a model artifact of any run "
-                          "('dense_model:VERSION'), another config's system ('other.yaml:NAME'), or a model folder (a path)")
+                          "('dense_model:VERSION'), another config's system ('other.yaml:NAME'), a pre-trained base "
+                          "encoder ('pretrain:NAME'), or a model folder (a path)")
     evaluate: bool = Field(True, description="false: train only (e.g. a stage-1 model that others start from), no encode/index/search")
 
     @model_validator(mode="after")
@@ -70,7 +74,7 @@ class DenseConfig(_Strict):
 
 def _is_reference(init: str) -> bool:
     """init_from that names something outside this config (an artifact, another config, a path)."""
-    return init.startswith("dense_model:") or "/" in init or init.startswith(".") or ".yaml:" in init or ".yml:" in init
+    return init.startswith(("dense_model:", "pretrain:")) or "/" in init or init.startswith(".") or ".yaml:" in init or ".yml:" in init
 
 
 class PipelineConfig(_Strict):
@@ -82,8 +86,14 @@ class PipelineConfig(_Strict):
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     negatives: NegativesConfig = Field(default_factory=NegativesConfig)
     qgen: Optional[QgenConfig] = Field(None, description="doc2query: a generator fine-tuned on train-split pairs writes synthetic queries")
+    pretrain: list[PretrainConfig] = Field(default_factory=list, description=(
+        "query-as-context pre-training (paper 002): base encoders dense systems start from (init_from: pretrain:NAME)"))
     dense: Optional[DenseConfig] = Field(None, description="dense systems (zero-shot, trained) and the hybrid")
     fusion: list[FusionConfig] = Field(default_factory=list, description="fused systems: linear (weights tuned on dev) or RRF")
+    cross_encoder: Optional[CrossEncoderConfig] = Field(
+        None, description="paper 001's cross-attention classifier: silver labels, reranking, false-negative filtering")
+    silver: SilverConfig = Field(default_factory=SilverConfig, description="silver pairs (systems training on pairs: silver)")
+    rerank: list[RerankConfig] = Field(default_factory=list, description="systems reranked by the cross_encoder")
     # The folder of the YAML file (relative init_from paths and config references start there).
     _config_dir: Optional[Path] = PrivateAttr(default=None)
 
@@ -106,6 +116,29 @@ class PipelineConfig(_Strict):
             if unknown:
                 raise ValueError(f"{system.name}.train.negatives {unknown}: not a strategy; known: {sorted(known)} "
                                  "(dense-mined ones are defined under negatives.dense)")
+        return self
+
+    @model_validator(mode="after")
+    def _cross_encoder_users(self):
+        systems = self.dense.systems if self.dense else []
+        if self.cross_encoder is None:
+            users = [f"{s.name} (pairs: silver)" for s in systems if s.train and "silver" in s.train.pairs]
+            users += [f"{s.name} (loss: {s.train.loss})" for s in systems if s.train and s.train.distils]
+            users += ["rerank"] * bool(self.rerank)
+            users += ["negatives.drop_relevant_above"] * (self.negatives.drop_relevant_above is not None)
+            if users:
+                raise ValueError(f"{', '.join(users)} need a cross_encoder: section (the classifier)")
+        if self.cross_encoder and self.cross_encoder.dense_system and \
+                self.cross_encoder.dense_system not in {s.name for s in systems if s.evaluate}:
+            raise ValueError(f"cross_encoder.dense_system {self.cross_encoder.dense_system!r} is not an evaluated "
+                             f"dense system: {[s.name for s in systems]}")
+        if any(s.train and "synthetic" in s.train.pairs for s in systems) and self.qgen is None:
+            raise ValueError("a system trains on pairs: synthetic, which needs a qgen: section")
+        return self
+
+    @model_validator(mode="after")
+    def _known_pretrain(self):
+        check_pretrain_config(self)
         return self
 
     @property

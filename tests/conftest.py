@@ -59,3 +59,47 @@ def tokenizer(checkpoint):
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(str(checkpoint))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random BERT with MiniLM's real vocabulary (real text tokenises sensibly), saved as a
+    local checkpoint folder: the flow tests' dense and cross-encoder base."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from models.checkpoints import resolve_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny_minilm_vocab")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=192)).save_pretrained(folder)
+    shutil.copy(resolve_checkpoint("minilm") + "/vocab.txt", folder / "vocab.txt")
+    BertTokenizerFast.from_pretrained(str(folder)).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tmp_path_factory, shared_data):
+    """A tiny random GPT-2 with a word-level tokenizer trained on three SQuAD articles: the
+    question generator of the flow tests."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from tasks.readers.squad import iter_squad_documents
+
+    texts = [d["text"] for _, d in zip(range(3), iter_squad_documents(shared_data / "squad" / "dev-v1.1-partial.json"))]
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts + ["Passage: Question: what who when ?"],
+                            trainers.WordLevelTrainer(special_tokens=["<pad>", "</s>", "<unk>"], vocab_size=2000))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=1, n_head=2,
+                               bos_token_id=1, eos_token_id=1)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,31 +1,17 @@
 """Dense systems through the flow: a tiny random BERT (MiniLM's real vocabulary), zero-shot vs
 trained vs hybrid on the tiny SQuAD slice. Seconds on CPU."""
 import json
-import shutil
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from flows.pipeline import pipeline
-from models.checkpoints import resolve_checkpoint
 from storage import ArtifactStore
 from tasks.negatives.stages import NegativesConfig
 from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, FusionConfig, HybridConfig, load_config
 
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_minilm_vocab")
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=192)).save_pretrained(folder)
-    shutil.copy(resolve_checkpoint("minilm") + "/vocab.txt", folder / "vocab.txt")
-    BertTokenizerFast.from_pretrained(str(folder)).save_pretrained(folder)
-    return folder
 
 
 def _metric(store, system, metric, k, split="all"):

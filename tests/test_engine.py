@@ -13,14 +13,19 @@ from tasks.engine import NoParams, Pinned, Plan, PlanError, Stage, StageParams
 CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem != "nq-open-dpr-tsv")
 # What may stay out of a version: where and how fast a stage computes, never what it computes.
 RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths",
-                   "origin.init_path"}
+                   "origin.init_path", "dense_origin.init_path", "config.device",
+                   "config.shard_size"}
 
 
 def _config(**changes) -> PipelineConfig:
     """The tiny config with two dense systems (one trained), a hybrid and an RRF fusion."""
     raw = load_config(PROJECT_ROOT / "configs" / "tiny.yaml").model_dump()
-    raw["dense"] = {"systems": [{"name": "zs"}, {"name": "tr", "train": {"max_steps": 2}}],
+    raw["dense"] = {"systems": [{"name": "zs"}, {"name": "tr", "train": {"max_steps": 2, "loss": "weighted",
+                                                                        "pairs": ["gold", "silver"]}}],
                     "hybrid": {"system": "tr"}}
+    raw["cross_encoder"] = {"dense_system": "zs"}
+    raw["silver"] = {"queries": ["train"]}
+    raw["rerank"] = [{"run": "hybrid(tr)", "depth": 10}]
     raw["fusion"] = [{"name": "rrf", "method": "rrf", "runs": ["bm25", "zs", "tr"]}]
     raw = PipelineConfig.model_validate(raw).model_dump()  # every field spelled out, to be changed
     for dotted, value in changes.items():
@@ -58,6 +63,11 @@ CASES = [
     ("hybrid", {"dense.hybrid.tune_k": 5}, {"dense.encode.batch_size": 8}),
     ("fusion:rrf", {"fusion.0.rrf_k": 10}, {"dense.hybrid.tune_k": 5}),
     ("evaluate", {"evaluation.ks": [1, 5]}, {"bm25.k1": 1.2}),
+    ("cross_encoder", {"cross_encoder.train.lr": 1e-4}, {"silver.top_k": 5}),
+    ("cross_encoder", {"cross_encoder.dev_share": 0.2}, {"cross_encoder.device": "cpu"}),
+    ("pairs:silver", {"silver.threshold": 0.6}, {"cross_encoder.train.lr": 1e-4}),
+    ("pairs:silver", {"silver.retriever": "zs"}, {"silver.shard_size": 10}),
+    ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"rerank.0.shard_questions": 10}),
 ]
 
 

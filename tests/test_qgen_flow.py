@@ -2,9 +2,6 @@
 GPT-2 generator (a word-level tokenizer trained on the slice's text) and a tiny random BERT: the
 plumbing, not the quality (that is the benchmarks' job)."""
 import pytest
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from flows.pipeline import pipeline
 from storage import ArtifactStore
@@ -12,24 +9,6 @@ from tasks.config import PROJECT_ROOT, load_config
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
 TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
-
-
-@pytest.fixture(scope="module")
-def tiny_generator(tmp_path_factory, shared_data):
-    from tasks.readers.squad import iter_squad_documents
-
-    texts = [d["text"] for _, d in zip(range(3), iter_squad_documents(shared_data / "squad" / "dev-v1.1-partial.json"))]
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(texts + ["Passage: Question: what who when ?"],
-                            trainers.WordLevelTrainer(special_tokens=["<pad>", "</s>", "<unk>"], vocab_size=2000))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
-    folder = tmp_path_factory.mktemp("tiny_gpt2")
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=1, n_head=2,
-                               bos_token_id=1, eos_token_id=1)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _config(generator, checkpoint):

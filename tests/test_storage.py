@@ -217,6 +217,15 @@ def test_gc_keeps_latest_and_their_inputs(store):
     assert p1.path.exists()
 
 
+def test_gc_spares_a_promoted_version(store):
+    old = store.materialize("documents", "1", {"v": 1}, {}, rows_build(1))
+    time.sleep(0.002)
+    store.materialize("documents", "1", {"v": 2}, {}, rows_build(1))
+    store.catalog.record_promotion("documents", old.version)
+    assert store.gc(keep_latest=1) == []  # the promoted old version serves searches: it stays
+    assert store.get("documents", old.version) is not None
+
+
 def test_resolve_root_precedence(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PFORGE_HOME", raising=False)

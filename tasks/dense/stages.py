@@ -3,7 +3,8 @@ encode:NAME (passages -> vectors), index:NAME (FAISS) and search:NAME (questions
 
 Where a system's encoder comes from (its `origin`) is shared with the training family: the
 system's own trained model, another system's (`init_from: NAME`), a model artifact of any run in
-the store (`init_from: dense_model:VERSION`), a folder (`init_from: path`), or the base checkpoint.
+the store (`init_from: dense_model:VERSION`), a pre-trained base encoder (`init_from:
+pretrain:NAME`), a folder (`init_from: path`), or the base checkpoint.
 """
 from __future__ import annotations
 
@@ -88,13 +89,12 @@ class Origin(BaseModel):
     init_hash: Optional[str] = None
 
     def load(self, inputs: dict[str, Artifact]):
-        if self.model_input is not None:
-            return load_bi_encoder(self.model, inputs[self.model_input].subdir("model"))
-        if self.init_path is not None:
+        if self.model_input is not None or self.init_path is not None:
             from models.bi_encoder import CONFIG_NAME
 
-            path = Path(self.init_path)
-            # A saved bi-encoder keeps its own towers; an exported or plain HF folder is a backbone.
+            path = inputs[self.model_input].subdir("model") if self.model_input is not None else Path(self.init_path)
+            # A saved bi-encoder keeps its own towers; an exported or plain HF folder (a pretrain
+            # stage's base checkpoint) is a backbone under this system's model section.
             return load_bi_encoder(self.model, path) if (path / CONFIG_NAME).is_file() else \
                 load_bi_encoder({**self.model, "base": str(path)})
         return load_bi_encoder(self.model)
@@ -116,6 +116,8 @@ def origin_of(system, cfg_dir: Path | None = None, trained: bool = True) -> tupl
     init = system.init_from
     if init is None:
         return Origin(model=model), (), {}
+    if init.startswith("pretrain:"):  # a pretrain stage's base checkpoint (its model/ folder)
+        return Origin(model=model, model_input=init), (init,), {}
     if init.startswith("dense_model:"):
         return Origin(model=model, model_input="init"), (), {"init": Pinned("dense_model", init.split(":", 1)[1])}
     if "/" in init or init.startswith("."):

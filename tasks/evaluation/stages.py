@@ -40,6 +40,10 @@ def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: P
         gold_stats=inputs["link_gold"].manifest.get("stats", {}))
     if "synthetic_queries" in inputs:
         report += synthetic_queries_section(inputs["synthetic_queries"].manifest.get("stats", {}))
+    if "cross_encoder" in inputs:
+        report += cross_encoder_section(inputs["cross_encoder"].manifest.get("stats", {}))
+    if "pairs:silver" in inputs:
+        report += silver_section(inputs["pairs:silver"].manifest.get("stats", {}))
     write_table(out, results, name="question_results")
     write_table(out, metrics, name="metrics")
     (out / "report.md").write_text(report, encoding="utf-8")
@@ -62,9 +66,43 @@ def synthetic_queries_section(stats: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cross_encoder_section(stats: dict) -> str:
+    """Paper 001 table 2's shape: the classifier against the majority baseline and the dual encoder."""
+    def cell(value):
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    lines = ["", "## Cross-attention classifier", "",
+             f"Trained on {stats.get('training_pairs', 0):,} pairs {stats.get('sources', {})}, best of "
+             f"{stats.get('steps', 0)} steps by dev log-loss ({stats.get('dev_log_loss') or 0:.4f}); scored on "
+             f"{stats.get('report_pairs', 0):,} pairs of the {stats.get('report_split')} split built the same way.", "",
+             "| model | accuracy | precision | recall | F1 | AUC |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {cell(r['accuracy'])} | {cell(r['precision'])} | {cell(r['recall'])} | "
+              f"{cell(r['f1'])} | {cell(r['auc'])} |" for r in stats.get("report", [])]
+    return "\n".join(lines) + "\n"
+
+
+def silver_section(stats: dict) -> str:
+    """Silver pairs added relative to gold (paper 001 section 5.3) and the distribution of p."""
+    lines = ["", "## Silver pairs", "",
+             f"{stats.get('silver', 0):,} of {stats.get('candidates', 0):,} candidates kept (p >= "
+             f"{stats.get('threshold')}; {stats.get('retriever')} top {stats.get('top_k')}).", "",
+             "| queries | labelled | candidates | silver | gold pairs | added vs gold |", "|---|---:|---:|---:|---:|---:|"]
+    for source, s in stats.get("by_source", {}).items():
+        added = s.get("added_vs_gold")
+        lines.append(f"| {source} | {s['queries']:,} | {s['candidates']:,} | {s['silver']:,} | {s['gold_pairs']:,} | "
+                     f"{'-' if added is None else f'+{100 * added:.1f}%'} |")
+    by_source = stats.get("by_source", {})
+    bins = next(iter(by_source.values()), {}).get("p_histogram", [])
+    lines += ["", "| p | " + " | ".join(f"{b['from']:.1f}-{b['to']:.1f}" for b in bins) + " |",
+              "|---|" + "---:|" * len(bins)]
+    for source, s in by_source.items():
+        lines.append(f"| {source} | " + " | ".join(f"{b['pairs']:,}" for b in s.get("p_histogram", [])) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     runs = [s.name for s in earlier if s.produces_runs]
-    reports = [s.name for s in earlier if s.name == "synthetic_queries"]
+    reports = [s.name for s in earlier if s.name in ("synthetic_queries", "cross_encoder", "pairs:silver")]
     e = cfg.evaluation
     ignore = e.ignore_identical_ids if e.ignore_identical_ids is not None else cfg.data.beir is not None
     params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs)

@@ -176,7 +176,7 @@ def _embedding_stage(cfg, fusion: FusionConfig, earlier: list[Stage]) -> Stage:
                  params, build_embedding_fusion, produces_runs=True, variant={"system": fusion.name})
 
 
-def _run_stages(earlier: list[Stage]) -> dict[str, str]:
+def run_stages_by_system(earlier: list[Stage]) -> dict[str, str]:
     """{system name: the stage that produces its runs}."""
     return {s.variant["system"]: s.name for s in earlier if s.produces_runs and "system" in s.variant}
 
@@ -191,7 +191,7 @@ def _stage(cfg, name: str, system: str, method: str, run_stages: list[str], tuni
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
-    known = _run_stages(earlier)
+    known = run_stages_by_system(earlier)
     out = []
     hybrid = cfg.dense.hybrid if cfg.dense else None
     if hybrid is not None:
@@ -199,7 +199,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         out.append(_stage(cfg, "hybrid", f"hybrid({hybrid.system})", "linear",
                           [known[hybrid.system], known["bm25"]], hybrid))
     for fusion in cfg.fusion:
-        known.update(_run_stages(out))
+        known.update(run_stages_by_system(out))
         missing = [r for r in fusion.runs if r not in known]
         if missing:
             raise ValueError(f"fusion {fusion.name!r}: unknown systems {missing}; systems so far: {sorted(known)}")

@@ -40,7 +40,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = [Stage("link_gold", "gold", "1", ("ingest_questions", "chunk"), NoParams(), build_gold)]
     systems = cfg.dense.systems if cfg.dense else []
     generator_trains = cfg.qgen is not None and cfg.qgen.finetune.enabled  # on the train split's gold pairs
-    if generator_trains or any(s.train and "gold" in s.train.pairs for s in systems):
+    # the silver stage reads the gold pairs too: a candidate already gold is not silver
+    if generator_trains or any(s.train and {"gold", "silver"} & set(s.train.pairs) for s in systems):
         out.append(Stage("pairs:gold", "pairs", "1", ("ingest_questions", "link_gold"), NoParams(), build_gold_pairs,
                          variant={"source": "gold"}))
     return out

@@ -54,6 +54,10 @@ class NegativesConfig(BaseModel):
     mixed: list[str] = Field(default_factory=lambda: ["coarse", "fine", "bm25", "context"],
                              description="the strategies a system naming `mixed` draws from")
     shard_size: int = Field(65536, ge=1, description="passage vectors per block of dense mining (memory bound)")
+    # Issue 11: the cross-attention classifier (cross_encoder:) judges mined negatives; one it
+    # deems an answer (p above the threshold) is a false negative and is dropped.
+    drop_relevant_above: Optional[float] = Field(
+        None, ge=0, le=1, description="drop a mined negative whose cross-encoder p exceeds this (needs cross_encoder:)")
 
     @model_validator(mode="after")
     def _names(self):
@@ -82,6 +86,7 @@ class MineParams(StageParams):
     match_type: str
     seed: Optional[int] = None
     shard_size: int = 65536
+    drop_relevant_above: Optional[float] = None
 
 
 def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -100,13 +105,29 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
         candidates = _dense_candidates(params, inputs, questions)
     else:
         candidates = run_candidates(inputs[params.source].read_table(), questions.column("qid"), params.depth)
+    judge = _relevance_judge(params.drop_relevant_above, inputs) if params.drop_relevant_above is not None else None
     negatives, counts = filter_candidates(candidates, questions, text_of, inputs["link_gold"].read_table(),
-                                          params.strategy, params.filter_answers, params.match_type)
+                                          params.strategy, params.filter_answers, params.match_type, is_relevant=judge)
     write_table(out, negatives)
     logger.info("negatives:%s: %d kept of %d candidates (%.1f%% filtered)", params.strategy, counts["kept"],
                 counts["candidates"], 100 * counts["filtered_share"])
     return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows,
                       "filtering": counts}}
+
+
+def _relevance_judge(threshold: float, inputs: dict[str, Artifact]):
+    """The filter hook backed by the cross_encoder stage's classifier: True where p > threshold."""
+    from models.cross_encoder import CrossEncoderModel
+    from tasks.dense.models import resolve_device
+    from tasks.progress import progress_logger
+
+    device = resolve_device("auto")
+    model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
+
+    def is_relevant(pairs):
+        p = model.score(list(pairs), device=device, bf16=device == "cuda", progress=progress_logger("negatives: judged"))
+        return list(p > threshold)
+    return is_relevant
 
 
 def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table):
@@ -158,7 +179,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         stages_ = [f"pairs:{p}" for p in sources]
         out.append(Stage("negatives:context", "negatives", "1", ("ingest_questions", "chunk", *stages_),
                          ContextParams(pairs=stages_), build_context_negatives, variant={"strategy": "context"}))
-    common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size)
+    common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size, drop_relevant_above=c.drop_relevant_above)
+    judge = ("cross_encoder",) if c.drop_relevant_above is not None else ()
     mined = {}
     if "bm25" in wanted:
         mined["bm25"] = ("bm25_search", c.bm25, ())
@@ -171,6 +193,6 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         params = MineParams(strategy=name, source=source, depth=conf.depth, filter_answers=conf.filter_answers,
                             splits=conf.splits, seed=getattr(conf, "seed", None), **common)
         sources = (source, *extra) if source != "random" else ()
-        out.append(Stage(f"negatives:{name}", "negatives", "3", ("ingest_questions", "chunk", "link_gold", *sources),
+        out.append(Stage(f"negatives:{name}", "negatives", "3", ("ingest_questions", "chunk", "link_gold", *sources, *judge),
                          params, build_mined_negatives, variant={"strategy": name}))
     return out

@@ -26,6 +26,11 @@ class TrainExample:
     positive_id: str
     negatives: list[Passage] = field(default_factory=list)  # pool of M hard negatives
     weight: float = 1.0
+    # A teacher's (cross-encoder's) scores of [positive, *negatives], for distillation losses.
+    teacher_scores: list[float] | None = None
+    # Alternatives to `query`: when given, the collator uses one of them, drawn per (seed, epoch,
+    # qid) (paper 002 section 3.1: one of a passage's C generated queries, afresh each epoch).
+    queries: list[str] = field(default_factory=list)
 
 
 class UniqueBatchSampler:
@@ -112,7 +117,9 @@ class UniqueBatchSampler:
 
 
 class Collator:
-    """examples -> (query_batch, passage_batch, negative_batch or None, weights).
+    """examples -> (query_batch, passage_batch, negative_batch or None, weights), and with
+    `teacher_scores` a fifth element: the (B, 1 + N) teacher scores of each question's positive
+    and drawn negatives.
 
     Queries and (title, text) pairs are tokenised unpadded (truncated to the max lengths), then
     padded once per batch with `tokenizer.pad` to the batch's longest sequence.
@@ -123,7 +130,7 @@ class Collator:
     """
 
     def __init__(self, tokenizer: Any, query_max_len: int = 32, passage_max_len: int = 128,
-                 hard_negatives: int = 0, seed: int = 42) -> None:
+                 hard_negatives: int = 0, seed: int = 42, teacher_scores: bool = False) -> None:
         if tokenizer is None:
             raise ValueError("Collator needs a tokenizer")
         if hard_negatives < 0:
@@ -133,6 +140,7 @@ class Collator:
         self.passage_max_len = int(passage_max_len)
         self.hard_negatives = int(hard_negatives)
         self.seed = seed
+        self.teacher_scores = bool(teacher_scores)
 
     # -- checkpoint state: none (draws are a function of seed, epoch and question) ---------
     def state_dict(self) -> dict[str, Any]:
@@ -158,27 +166,50 @@ class Collator:
         """N of each question's pool of M (paper 003 section 4.3), drawn by an RNG seeded with
         (seed, epoch, question): the same question draws the same negatives in the same epoch
         whatever its batch or a resume, and other ones the next epoch."""
+        return [examples[row].negatives[i] for row, i in self.draw_negative_indices(examples, epoch)]
+
+    def draw_negative_indices(self, examples: Sequence[TrainExample], epoch: int = 0) -> list[tuple[int, int]]:
+        """(example row, index in its pool) of each drawn negative, question-major."""
         n = self.hard_negatives
         positives = {tuple(e.positive) for e in examples}
-        drawn: list[Passage] = []
-        for e in examples:
-            pool = [tuple(p) for p in e.negatives]
-            clean = [p for p in pool if p not in positives]
-            pool = clean or pool
+        drawn: list[tuple[int, int]] = []
+        for row, e in enumerate(examples):
+            pool = [i for i, p in enumerate(e.negatives) if tuple(p) not in positives] or list(range(len(e.negatives)))
             if not pool:
                 raise ValueError(f"question {e.qid!r} has no hard negatives but hard_negatives={n}; "
                                  "use hard_negatives=0 or mine negatives first")
             rng = random.Random(f"{self.seed}:{epoch}:{e.qid}")
-            drawn.extend(rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n))
+            drawn.extend((row, i) for i in (rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n)))
         return drawn
+
+    def teacher_matrix(self, examples: Sequence[TrainExample], drawn: list[tuple[int, int]]) -> torch.Tensor:
+        """(B, 1 + N) teacher scores: each question's positive, then its drawn negatives in order."""
+        n = self.hard_negatives
+        rows = []
+        for row, e in enumerate(examples):
+            if e.teacher_scores is None or len(e.teacher_scores) != 1 + len(e.negatives):
+                raise ValueError(f"question {e.qid!r}: teacher scores must be [positive, *negatives] "
+                                 f"({1 + len(e.negatives)} values), got {e.teacher_scores!r}")
+            rows.append([e.teacher_scores[0]] + [e.teacher_scores[1 + i] for _, i in drawn[row * n:(row + 1) * n]])
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def choose_query(self, example: TrainExample, epoch: int = 0) -> str:
+        """`example.query`, or with `example.queries` one of them drawn by an RNG seeded with
+        (seed, epoch, qid): the same in any batch and after a resume, another one next epoch."""
+        if not example.queries:
+            return example.query
+        return random.Random(f"{self.seed}:{epoch}:{example.qid}:query").choice(example.queries)
 
     def __call__(self, examples: Sequence[TrainExample], epoch: int = 0):
         if not examples:
             raise ValueError("empty batch")
-        query_batch = self.encode_queries([e.query for e in examples])
+        query_batch = self.encode_queries([self.choose_query(e, epoch) for e in examples])
         passage_batch = self.encode_passages([e.positive for e in examples])
-        negative_batch = None
+        negative_batch, drawn = None, []
         if self.hard_negatives > 0:
-            negative_batch = self.encode_passages(self.draw_negatives(examples, epoch))
+            drawn = self.draw_negative_indices(examples, epoch)
+            negative_batch = self.encode_passages([examples[row].negatives[i] for row, i in drawn])
         weights = torch.tensor([float(e.weight) for e in examples], dtype=torch.float32)
+        if self.teacher_scores:  # distillation: the teacher's scores of the positive and the drawn negatives
+            return query_batch, passage_batch, negative_batch, weights, self.teacher_matrix(examples, drawn)
         return query_batch, passage_batch, negative_batch, weights

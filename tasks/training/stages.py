@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from storage import Artifact
 from tasks.dense.models import resolve_device
@@ -22,9 +22,16 @@ logger = logging.getLogger("passage_forge")
 
 class DenseTrainConfig(TrainerArgs):
     """The trainer's settings plus what the pipeline feeds it (defaults sized for a CPU)."""
-    loss: str = Field("dpr", description="loss by name from models.losses.LOSSES: dpr, bidirectional, weighted")
-    pairs: list[Literal["gold", "synthetic"]] = Field(default_factory=lambda: ["gold"], min_length=1,
-                                                      description="pairs artifacts trained on (pairs:NAME stages): gold, synthetic (needs qgen:)")
+    loss: str = Field("dpr", description=(
+        "loss by name from models.losses.LOSSES: dpr, bidirectional, weighted, margin_mse and listwise_kl (distil "
+        "the cross_encoder's scores), xmoco (needs model.shared: false)"))
+    loss_options: dict[str, Any] = Field(default_factory=dict, description=(
+        "keyword arguments of the loss's constructor (e.g. scale, or a momentum objective's queue_size)"))
+    pairs: list[Literal["gold", "synthetic", "silver"]] = Field(
+        default_factory=lambda: ["gold"], min_length=1,
+        description="pairs artifacts trained on (pairs:NAME stages): gold, synthetic (needs qgen:), silver (needs cross_encoder:)")
+    # Paper 001 section 4.2: w = 1 for gold pairs and p^2 for silver ones, with loss: weighted.
+    pair_weights: bool = Field(True, description="false: every pair weighs 1 (paper 001's non-modified softmax ablation)")
     negatives: list[str] = Field(default_factory=lambda: ["bm25"], description=(
         "strategies the pool is drawn from (negatives:NAME stages): bm25, context, random, mixed, or a "
         "negatives.dense name (coarse, fine, self-mined); [] with hard_negatives 0: in-batch (Rnd) only"))
@@ -51,6 +58,23 @@ class DenseTrainConfig(TrainerArgs):
             raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(LOSSES))}")
         return name
 
+    @property
+    def distils(self) -> bool:
+        """Whether the loss learns from the cross-encoder's scores (the train stage scores the pairs)."""
+        from models.losses import LOSSES
+
+        return bool(getattr(LOSSES[self.loss], "uses_teacher_scores", False))
+
+    @model_validator(mode="after")
+    def _loss_takes_options(self):
+        from models.losses import LOSSES, check_loss_options
+
+        check_loss_options(self.loss, self.loss_options)
+        if "silver" in self.pairs and self.pair_weights and not getattr(LOSSES[self.loss], "uses_weights", False):
+            raise ValueError(f"silver pairs weigh p^2 but loss {self.loss!r} takes no weights: use loss: weighted "
+                             "(paper 001 section 4.2), or pair_weights: false for the unweighted ablation")
+        return self
+
 
 class TrainParams(StageParams):
     RUNTIME = frozenset({"device", "origin.init_path"})
@@ -75,6 +99,24 @@ def _dev_evaluator(params: TrainParams, inputs: dict[str, Artifact], device: str
                             lambda model, texts, side: params.dev_encode.encode(model, texts, side, device))
 
 
+def _with_teacher_scores(examples, cross_encoder: Artifact, device: str):
+    """Each example with the classifier's logits for [positive, *its pool] (distillation)."""
+    from dataclasses import replace
+
+    from models.cross_encoder import CrossEncoderModel
+    from tasks.progress import progress_logger
+
+    model = CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device)
+    pairs = [(e.query, passage[1]) for e in examples for passage in (e.positive, *e.negatives)]
+    logits = model.logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress_logger("teacher scores"))
+    out, at = [], 0
+    for e in examples:
+        n = 1 + len(e.negatives)
+        out.append(replace(e, teacher_scores=[float(x) for x in logits[at:at + n]]))
+        at += n
+    return out
+
+
 def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> dict:
     import pyarrow as pa
 
@@ -87,11 +129,16 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     t, device = params.train, resolve_device(params.device)
     pairs = pa.concat_tables([inputs[f"pairs:{name}"].read_table() for name in t.pairs])
     negatives = pa.concat_tables([inputs[f"negatives:{name}"].read_table() for name in t.negatives]) if t.negatives else None
+    if not t.pair_weights:  # the ablation: silver pairs count as much as gold ones
+        pairs = pairs.set_column(pairs.schema.get_field_index("weight"), "weight",
+                                 pa.array([1.0] * pairs.num_rows, pa.float32()))
     examples = examples_from_pairs(pairs, negatives, inputs["chunk"].read_table(columns=["pid", "title", "text"]),
                                    negative_pool=t.negative_pool, hard_negatives=t.hard_negatives, batch_size=t.batch_size,
                                    seed=t.seed, max_questions=t.max_questions, split=t.split)
     model = params.origin.load(inputs)
-    loss = build_loss(t.loss, model)
+    loss = build_loss(t.loss, model, **t.loss_options)
+    if getattr(loss, "uses_teacher_scores", False):
+        examples = _with_teacher_scores(examples, inputs["cross_encoder"], device)
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
@@ -122,6 +169,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         t = system.train.model_copy(update={"negatives": cfg.negatives.expand(system.train.negatives)})
         origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
         data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)
+        if t.distils:
+            data += ("cross_encoder",)
         params = TrainParams(system=system.name, origin=origin, train=t, dev_encode=EncodeSettings.of(cfg.dense.encode),
                              device=cfg.dense.encode.device)
         out.append(Stage(f"train:{system.name}", "dense_model", "3",

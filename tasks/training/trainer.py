@@ -204,9 +204,11 @@ def _own_state_keys(loss_fn: nn.Module, model: nn.Module) -> list[str]:
     return [k for k, t in loss_fn.state_dict(keep_vars=True).items() if id(t) not in model_tensors]
 
 
-def _to(batch: dict[str, torch.Tensor] | None, device: torch.device):
+def _to(batch: dict[str, torch.Tensor] | torch.Tensor | None, device: torch.device):
     if batch is None:
         return None
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -216,7 +218,7 @@ def _load_model_weights(model: nn.Module, directory: Path) -> None:
 
 
 def _enable_gradient_checkpointing(model: nn.Module) -> None:
-    towers = [getattr(model, "query_encoder", None), getattr(model, "passage_encoder", None)]
+    towers = [getattr(model, name, None) for name in ("query_encoder", "passage_encoder", "backbone")]
     enabled = False
     for tower in towers:
         if tower is None:
@@ -271,7 +273,60 @@ def train_bi_encoder(
     `primary_metric` and `greater_is_better`) picks the checkpoint: its primary metric is the dev
     metric. `device`: 'auto' picks CUDA when present. `callbacks` (and the loss module itself when
     it is a TrainerCallback, first) are called at the points documented in
-    tasks/training/callbacks.py.
+    tasks/training/callbacks.py. The batches: UniqueBatchSampler (no question or positive twice in
+    a batch) and the Collator (hard negatives drawn per question and epoch, weights, teacher
+    scores); the loop is `run_training`'s.
+
+    Returns what `run_training` returns.
+    """
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("no tokenizer: pass tokenizer= or give the model one")
+    weighted = _wants_weights(loss_fn)
+    if not weighted and any(float(e.weight) != 1.0 for e in examples):
+        raise ValueError(f"examples carry weights but {type(loss_fn).__name__} ignores them (uses_weights is "
+                         "False); use WeightedInBatchSoftmaxLoss")
+    teacher = bool(getattr(loss_fn, "uses_teacher_scores", False))
+    if teacher and any(e.teacher_scores is None for e in examples):
+        raise ValueError(f"{type(loss_fn).__name__} distils teacher scores, but some examples carry none "
+                         "(score the pairs with a cross-encoder first)")
+    sampler = UniqueBatchSampler(examples, args.batch_size, seed=args.seed, drop_last=True)
+    collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed,
+                        teacher_scores=teacher)
+
+    def loss_inputs(batch: tuple) -> tuple:
+        q, p, n, w, *rest = batch
+        return (q, p, n, w if weighted else None, *rest)
+
+    return run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
+                        progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
+                        gradient_checkpointing=args.gradient_checkpointing, eval_at_start=args.eval_at_start)
+
+
+def run_training(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    examples: Sequence[Any],
+    sampler: Any,
+    collate: Any,
+    args: ScheduleArgs,
+    out_dir: str | Path,
+    evaluator: Evaluator | None = None,
+    progress: bool = True,
+    device: str = "auto",
+    callbacks: Sequence[TrainerCallback] = (),
+    loss_inputs: Callable[[tuple], tuple] | None = None,
+    gradient_checkpointing: bool = False,
+    eval_at_start: bool = False,
+    desc: str = "train",
+) -> dict:
+    """The training loop every model of the project shares (the bi-encoder's, the cross-encoder's).
+
+    `sampler` yields lists of example indices (the rest of its current epoch per iteration) and
+    has `epoch`, `__len__` (batches per epoch) and `state_dict`/`load_state_dict`; `collate(items,
+    epoch=...)` turns examples into a tuple of tensors or dicts of tensors (None allowed) and has
+    `state_dict`/`load_state_dict`; the loss is `loss_fn(*loss_inputs(batch))`. `model` has
+    `save_pretrained(folder)` and `type(model).from_pretrained(folder, load_tokenizer=False)`.
 
     Returns {history: [{step, loss, lr}], best_step, best_metric, start_metric,
     dev_curve: [(step, metric)] of this run's evaluations, seconds, pairs_per_second,
@@ -284,14 +339,7 @@ def train_bi_encoder(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise ValueError("no tokenizer: pass tokenizer= or give the model one")
-    weighted = _wants_weights(loss_fn)
-    if not weighted and any(float(e.weight) != 1.0 for e in examples):
-        raise ValueError(f"examples carry weights but {type(loss_fn).__name__} ignores them (uses_weights is "
-                         "False); use WeightedInBatchSoftmaxLoss")
-
+    loss_inputs = loss_inputs or (lambda batch: batch)
     hooks: list[TrainerCallback] = [loss_fn] if isinstance(loss_fn, TrainerCallback) else []
     hooks += [c for c in callbacks if c is not loss_fn]
     primary = evaluator.primary_metric if evaluator is not None else None
@@ -303,17 +351,14 @@ def train_bi_encoder(
     model.to(device)
     loss_fn.to(device)
     loss_own_keys = _own_state_keys(loss_fn, model)
-    if args.gradient_checkpointing:
+    if gradient_checkpointing:
         _enable_gradient_checkpointing(model)
 
-    sampler = UniqueBatchSampler(examples, args.batch_size, seed=args.seed, drop_last=True)
     steps_per_epoch = len(sampler)
     if steps_per_epoch == 0:
         raise ValueError(f"{len(examples)} examples make no full batch of {args.batch_size} "
                          "(after keeping duplicate qids/positives apart)")
     total_steps, optimizer, scheduler = optimizer_and_schedule(args, model, loss_fn, steps_per_epoch)
-    collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed)
-
     step = 0
     history: list[dict] = []
     best_step: int | None = None
@@ -334,7 +379,7 @@ def train_bi_encoder(
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=device, weights_only=False))
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
         sampler.load_state_dict(state["sampler"])
-        collator.load_state_dict(state["collator"])
+        collate.load_state_dict(state["collator"])
         set_rng_states(state["rng"])
         step = int(state["step"])
         history = list(state["history"])
@@ -354,7 +399,7 @@ def train_bi_encoder(
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({
-                "step": step, "sampler": sampler.state_dict(), "collator": collator.state_dict(),
+                "step": step, "sampler": sampler.state_dict(), "collator": collate.state_dict(),
                 "rng": rng_states(), "history": history, "best_step": best_step,
                 "best_metric": best_metric, "args": args.model_dump(),
             }, tmp / STATE_NAME)
@@ -394,7 +439,7 @@ def train_bi_encoder(
     for hook in hooks:
         hook.on_train_begin(model, optimizer)
     start_metric = None
-    if evaluator is not None and args.eval_at_start and step == 0:
+    if evaluator is not None and eval_at_start and step == 0:
         evaluate()
         start_metric = best_metric
 
@@ -403,16 +448,15 @@ def train_bi_encoder(
     loss_fn.train()
     start_step = step
     started = time.perf_counter()
-    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc="train", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc=desc, dynamic_ncols=True)
     log_every = max(total_steps // 10, 1)
     while step < total_steps:
         for indices in sampler:
-            q, p, n, w = collator([examples[i] for i in indices], epoch=sampler.epoch)
-            q, p, n, w = _to(q, device), _to(p, device), _to(n, device), w.to(device)
+            batch = tuple(_to(b, device) for b in collate([examples[i] for i in indices], epoch=sampler.epoch))
             for hook in hooks:
-                hook.on_batch(step + 1, (q, p, n, w))
+                hook.on_batch(step + 1, batch)
             with autocast():
-                loss = loss_fn(q, p, n, w if weighted else None)
+                loss = loss_fn(*loss_inputs(batch))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if args.max_grad_norm:

@@ -1,0 +1,1 @@
+"""Cross-encoder reranking of any run."""

@@ -1,0 +1,105 @@
+"""Rerank family: `rerank:` entries, each a stage `rerank:NAME` whose cross-attention classifier
+(the `cross_encoder` stage) reorders the top `depth` of another system's run (BM25, a dense
+system, a hybrid or fusion): an evaluated system (paper 001's classifier as a reranker)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.engine import Stage, StageParams
+
+logger = logging.getLogger("passage_forge")
+
+
+class RerankConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: str = Field(..., description="the system reranked: bm25, a dense system, hybrid(NAME), a fusion")
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description="system name (default: RUN-rerank)")
+    depth: int = Field(100, ge=1, description="passages reranked per question (the issue: the top 100)")
+    splits: Optional[list[str]] = Field(None, description="questions reranked, by split (empty: all); the system "
+                                                          "is evaluated on these splits only")
+    shard_questions: int = Field(200, ge=1, description="questions per resumable shard")
+
+    @property
+    def system(self) -> str:
+        return self.name or f"{self.run}-rerank".replace("(", "-").replace(")", "")
+
+
+class RerankParams(StageParams):
+    RUNTIME = frozenset({"device", "shard_size"})
+    system: str
+    run_stage: str
+    depth: int
+    splits: Optional[list[str]]
+    shard_size: int         # questions per shard
+    device: str
+    batch_size: int
+
+
+def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    from models.cross_encoder import CrossEncoderModel
+    from storage.shards import build_shards
+    from tasks.dense.models import resolve_device
+    from tasks.progress import progress_logger
+    from tasks.rerank.rerank import questions_in_shards, rerank_run
+    from tasks.schemas import RUNS
+
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "split"])
+    if params.splits is not None:
+        questions = questions.filter(pc.is_in(questions.column("split"), value_set=pa.array(params.splits)))
+    question_of = dict(zip(questions.column("qid").to_pylist(), questions.column("question").to_pylist()))
+    run = inputs[params.run_stage].read_table()
+    run = run.filter(pc.is_in(run.column("qid"), value_set=pa.array(sorted(question_of))))
+    passages = inputs["chunk"].read_table(columns=["pid", "text"])
+    text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    shards = questions_in_shards(run.column("qid").to_pylist(), params.shard_size)
+    device = resolve_device(params.device)
+    model = None
+
+    def compute(i: int) -> pa.Table:
+        nonlocal model
+        if model is None:  # a fully resumed build loads no model
+            model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
+        part = run.filter(pc.is_in(run.column("qid"), value_set=pa.array(shards[i])))
+        log = progress_logger(f"{params.system}: shard {i + 1}/{len(shards)}: pairs")
+
+        def scorer(pairs):
+            return model.logits(pairs, batch_size=params.batch_size, device=device, bf16=device == "cuda", progress=log)
+        return rerank_run(part, question_of, text_of, scorer, params.depth, params.system)
+
+    files = build_shards(work, max(len(shards), 1), compute) if shards else []
+    table = pa.concat_tables([pq.read_table(f, schema=RUNS) for f in files]) if files else RUNS.empty_table()
+    write_table(out, table)
+    return {"stats": {"questions": len(set(table.column("qid").to_pylist())), "depth": params.depth,
+                      "reranked_pairs": pc.sum(pc.less_equal(run.column("rank"), params.depth)).as_py() or 0,
+                      "splits": params.splits}}
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    if not cfg.rerank:
+        return []
+    if cfg.cross_encoder is None:
+        raise ValueError("rerank: needs a cross_encoder: section (the classifier that reranks)")
+    from tasks.fusion.stages import run_stages_by_system
+
+    known = run_stages_by_system(earlier)
+    out = []
+    for r in cfg.rerank:
+        if r.run not in known:
+            raise ValueError(f"rerank of {r.run!r}: not a system with runs; systems: {sorted(known)}")
+        params = RerankParams(system=r.system, run_stage=known[r.run], depth=r.depth, splits=r.splits,
+                              shard_size=r.shard_questions, device=cfg.cross_encoder.device,
+                              batch_size=cfg.cross_encoder.batch_size)
+        out.append(Stage(f"rerank:{r.system}", "reranked_runs", "1",
+                         ("cross_encoder", "ingest_questions", "chunk", known[r.run]), params, build_rerank,
+                         produces_runs=True, resumable=True, variant={"system": r.system}))
+    return out

@@ -1,0 +1,1 @@
+"""Silver labelling with a cross-attention classifier (paper 001)."""

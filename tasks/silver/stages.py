@@ -1,0 +1,331 @@
+"""Silver family (paper 001): the `cross_encoder:` and `silver:` config sections and their stages.
+
+- `cross_encoder` trains the cross-attention classifier on the train split's gold pairs with 1:1:1
+  negatives (BM25 top-10, dense top-10, the gold document; section 4.1), holds 10% of the
+  questions out as its dev split, and writes the model (a folder sentence-transformers'
+  `CrossEncoder` loads) and the classification report of table 2.
+- `pairs:silver` scores a retriever's top-K for the train questions and the synthetic queries
+  and keeps p >= 0.5 as silver pairs of weight p^2 (sections 4.2, 4.3), sharded and resumable.
+Trained systems use them with `pairs: [gold, silver]` and `loss: weighted`; rerankers
+(tasks/rerank) and the negatives' false-negative filter use the classifier too.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import Artifact
+from storage.parquet import write_table
+from tasks.dense.stages import EncodeSettings, Origin, origin_of
+from tasks.engine import Stage, StageParams
+from tasks.silver.classifier import ClassifierTrainArgs
+
+logger = logging.getLogger("passage_forge")
+
+
+class CrossEncoderConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    base: str = Field("minilm", description="base encoder: minilm, mpnet, a hub name or a folder (a fresh one-logit head)")
+    train: ClassifierTrainArgs = Field(default_factory=ClassifierTrainArgs)
+    split: str = Field("train", description="the split whose gold pairs train it")
+    # Paper 001 section 4.1: negatives from the BM25 top 10 and the dense top 10.
+    depth: int = Field(10, ge=1, description="negatives come from each retriever's top `depth`")
+    dense_system: Optional[str] = Field(None, description="the dense system whose run gives the dense negatives "
+                                                          "(empty: BM25 and document negatives only, 1:1)")
+    # Paper 001 section 5.1: hyper-parameters set on 10% of the training data held out.
+    dev_share: float = Field(0.1, gt=0, lt=1, description="share of the split's questions held out as the classifier's dev")
+    max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many questions (seeded sample)")
+    report_split: str = Field("test", description="questions whose pairs (built the same way) the report scores")
+    report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
+    batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
+    device: str = Field("auto", description="auto, cpu or cuda")
+    seed: int = 13
+
+
+class SilverConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    queries: list[Literal["train", "synthetic"]] = Field(
+        default_factory=lambda: ["train", "synthetic"], min_length=1,
+        description="question sets labelled: the train split's questions, the generated queries (needs qgen:)")
+    retriever: str = Field("bm25", description="candidates' source: bm25 or a dense system's name")
+    top_k: int = Field(10, ge=1, description="candidates per query")
+    # Paper 001 section 5.1: "we only keep candidate pairs with ... scores >= 0.5".
+    threshold: float = Field(0.5, ge=0, le=1, description="keep a candidate with p >= threshold")
+    max_queries: Optional[int] = Field(None, ge=1, description="label at most this many queries per set (seeded sample)")
+    shard_size: int = Field(2000, ge=1, description="candidate pairs per resumable shard")
+    seed: int = 13
+
+
+class CrossEncoderParams(StageParams):
+    RUNTIME = frozenset({"device", "config.device"})
+    config: CrossEncoderConfig
+    match_type: str
+    device: str
+    batch_size: int
+
+
+def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
+    if limit is None or questions.num_rows <= limit:
+        return questions
+    import random
+
+    rows = sorted(random.Random(seed).sample(range(questions.num_rows), limit))
+    return questions.take(rows)
+
+
+def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from models.cross_encoder import CrossEncoderModel
+    from tasks.dense.models import resolve_device
+    from tasks.silver.classifier import DevLogLoss, classification_report, train_classifier
+    from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, source_counts
+
+    c, device = params.config, resolve_device(params.device)
+    questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
+    passages = inputs["chunk"].read_table(columns=["pid", "doc_id", "text"])
+    text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    gold = inputs["link_gold"].read_table()
+    bm25 = inputs["bm25_search"].read_table()
+    dense = inputs[f"search:{c.dense_system}"].read_table() if c.dense_system else None
+
+    def pairs_of(split: str, limit: Optional[int]):
+        qs = _sample_questions(questions.filter(pc.equal(questions.column("split"), split)), limit, c.seed)
+        return classifier_pairs(qs, gold, passages, bm25, dense, depth=c.depth, seed=c.seed, match_type=params.match_type)
+
+    pairs = pairs_of(c.split, c.max_questions)
+    train = [p for p in pairs if not held_out(p.qid, c.dev_share, c.seed)]
+    dev = [p for p in pairs if held_out(p.qid, c.dev_share, c.seed)]
+    if not train or not dev:
+        raise ValueError(f"cross_encoder: {len(train)} training and {len(dev)} dev pairs from split {c.split!r}; "
+                         "check the split, dev_share and max_questions")
+    logger.info("cross_encoder: %d training pairs %s, %d dev pairs", len(train), source_counts(train), len(dev))
+    model = CrossEncoderModel.from_base(c.base, c.train.max_length)
+    evaluator = DevLogLoss(as_text_pairs(dev, text_of), [p.label for p in dev], params.batch_size)
+    args = ClassifierTrainArgs(**c.train.model_dump())
+    result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], args, out / "training",
+                              evaluator=evaluator, device=str(device))
+    model = CrossEncoderModel.from_pretrained(out / "training" / "best")
+    model.to(device)
+    model.save_pretrained(out / "model")
+
+    report_pairs = pairs_of(c.report_split, c.report_max_questions)
+    report, threshold = _report(model, dev, report_pairs, text_of, inputs, params, device)
+    write_table(out, pa.Table.from_pylist(report), name="classification_report")
+    for copy in ("best", "final"):
+        import shutil
+
+        shutil.rmtree(out / "training" / copy, ignore_errors=True)
+    return {"stats": {"training_pairs": len(train), "dev_pairs": len(dev), "sources": source_counts(train),
+                      "steps": len(result["history"]), "best_step": result["best_step"],
+                      "dev_log_loss": result["best_metric"], "seconds": result["seconds"],
+                      "report_split": c.report_split, "report_pairs": len(report_pairs),
+                      "dual_encoder_threshold": threshold, "report": report}}
+
+
+def _report(model, dev, report_pairs, text_of, inputs, params: CrossEncoderParams, device):
+    """Table 2 rows on the report split's pairs; the dual encoder (the zero-shot base the dense
+    negatives came from, else the classifier's base as a bi-encoder) gets its cosine threshold
+    tuned on the classifier's dev pairs."""
+    import numpy as np
+
+    from tasks.silver.classifier import best_threshold, classification_report
+    from tasks.silver.sampling import as_text_pairs
+
+    labels = [p.label for p in report_pairs]
+    p = model.score(as_text_pairs(report_pairs, text_of), batch_size=params.batch_size, device=device)
+    dual = _dual_encoder_scorer(params.config.base, device)
+    dev_scores = dual(dev, text_of)
+    threshold = best_threshold([x.label for x in dev], dev_scores)
+    rows = classification_report(labels, p, dual(report_pairs, text_of), threshold)
+    return [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()} for r in rows], threshold
+
+
+def _dual_encoder_scorer(base: str, device):
+    """Cosine of the base checkpoint as a (mean-pooled, normalised) dual encoder: the paper's
+    'BERT dual encoder without mined examples' baseline."""
+    import numpy as np
+
+    from tasks.dense.models import encode_side, load_bi_encoder
+
+    model = load_bi_encoder({"base": base, "shared": True, "pooling": "mean", "projection_dim": None,
+                             "normalize": True, "scale": 1.0})
+    model.to(device).eval()
+
+    def score(pairs, text_of):
+        questions = sorted({p.question for p in pairs})
+        pids = sorted({p.pid for p in pairs})
+        common = dict(batch_size=64, passage_max_len=256, query_max_len=64, device=str(device))
+        qv = dict(zip(questions, encode_side(model, questions, "query", **common)))
+        pv = dict(zip(pids, encode_side(model, [(None, text_of[x]) for x in pids], "passage", **common)))
+        return np.array([float(np.dot(qv[p.question], pv[p.pid])) for p in pairs])
+    return score
+
+
+class SilverParams(StageParams):
+    RUNTIME = frozenset({"device", "shard_size", "config.shard_size", "dense_origin.init_path"})
+    config: SilverConfig
+    retriever_runs: str           # bm25_search or search:SYSTEM (the train questions' candidates)
+    dense_origin: Optional[Origin] = None     # a dense retriever's encoder (it searches the synthetic queries)
+    dense_encode: Optional[EncodeSettings] = None
+    device: str
+    batch_size: int
+    shard_size: int
+    bm25_k1: float
+    bm25_b: float
+
+
+def _synthetic_queries(inputs: dict[str, Artifact]) -> dict[str, str]:
+    pairs = inputs["pairs:synthetic"].read_table(columns=["qid", "query"])
+    return dict(zip(pairs.column("qid").to_pylist(), pairs.column("query").to_pylist()))
+
+
+def _sample(queries: dict[str, str], limit: Optional[int], seed: int) -> dict[str, str]:
+    if limit is None or len(queries) <= limit:
+        return queries
+    import random
+
+    keep = set(random.Random(seed).sample(sorted(queries), limit))
+    return {q: t for q, t in queries.items() if q in keep}
+
+
+def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: dict[str, str]) -> pa.Table:
+    """The retriever's top-K for the synthetic queries (they have no run of their own)."""
+    items = sorted(queries.items())
+    if params.dense_origin is None:
+        from tasks.bm25.search import bm25_search
+
+        return bm25_search(inputs["bm25_index"].subdir("index"), items, k=params.config.top_k + 1,
+                           k1=params.bm25_k1, b=params.bm25_b, system="bm25")
+    from tasks.dense import faiss_index
+    from tasks.dense.models import for_inference, resolve_device
+
+    system = params.config.retriever
+    device = resolve_device(params.device)
+    model = for_inference(params.dense_origin.load(inputs), device, params.dense_encode.int8)
+    vectors = params.dense_encode.encode(model, [t for _, t in items], "query", device)
+    pids = inputs[f"encode:{system}"].read_table(columns=["pid"]).column("pid")
+    index = faiss_index.load_index(inputs[f"index:{system}"].subdir("index"))
+    return faiss_index.search(index, vectors.astype("float32"), params.config.top_k + 1, pids,
+                              pa.array([q for q, _ in items]), system=system)
+
+
+def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+    """Score the candidates shard by shard (a killed build resumes at its first missing shard),
+    then keep p >= threshold as silver pairs of weight p^2."""
+    import pyarrow.parquet as pq
+
+    from models.cross_encoder import CrossEncoderModel
+    from storage.shards import build_shards
+    from tasks.dense.models import resolve_device
+    from tasks.progress import progress_logger
+    from tasks.silver.labelling import (SCORED, added_share, candidates_from_runs, keep_silver, probability_histogram,
+                                        score_candidates, silver_training_pairs)
+
+    c = params.config
+    gold = inputs["pairs:gold"].read_table(columns=["qid", "pid", "split"])
+    known = set(zip(gold.column("qid").to_pylist(), gold.column("pid").to_pylist()))
+    train_gold = pc.sum(pc.equal(gold.column("split"), "train")).as_py() or 0
+    candidates, queries_of = [], {}
+    if "train" in c.queries:
+        q = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "split"])
+        q = q.filter(pc.equal(q.column("split"), "train"))
+        questions = _sample(dict(zip(q.column("qid").to_pylist(), q.column("question").to_pylist())), c.max_queries, c.seed)
+        candidates += candidates_from_runs(inputs[params.retriever_runs].read_table(), questions, "train", c.top_k, known)
+        queries_of.update(questions)
+    synthetic_gold = 0
+    if "synthetic" in c.queries:
+        synthetic = _sample(_synthetic_queries(inputs), c.max_queries, c.seed)
+        own = inputs["pairs:synthetic"].read_table(columns=["qid", "pid"])
+        own_pairs = set(zip(own.column("qid").to_pylist(), own.column("pid").to_pylist()))
+        synthetic_gold = len(own_pairs)
+        runs = _synthetic_runs(params, inputs, synthetic)
+        found = candidates_from_runs(runs, synthetic, "synthetic", c.top_k + 1, own_pairs)
+        # top-K after dropping the query's own passage
+        by_query: dict[str, int] = {}
+        for cand in found:
+            by_query[cand.qid] = by_query.get(cand.qid, 0) + 1
+            if by_query[cand.qid] <= c.top_k:
+                candidates.append(cand)
+        queries_of.update(synthetic)
+
+    passages = inputs["chunk"].read_table(columns=["pid", "text"])
+    text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    device = resolve_device(params.device)
+    n_shards = max(1, -(-len(candidates) // params.shard_size))
+    model = None
+
+    def compute(i: int) -> pa.Table:
+        nonlocal model
+        if model is None:  # a fully resumed build loads no model
+            model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
+        shard = candidates[i * params.shard_size:(i + 1) * params.shard_size]
+        if not shard:
+            return SCORED.empty_table()
+        return score_candidates(model, shard, text_of, params.batch_size, device, bf16=device == "cuda",
+                                progress=progress_logger(f"silver: shard {i + 1}/{n_shards}: pairs"))
+
+    def report(i: int, reused: bool) -> None:
+        logger.info("silver: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "scored")
+
+    files = build_shards(work, n_shards, compute, report)
+    scored = pa.concat_tables([pq.read_table(f, schema=SCORED) for f in files])
+    silver = keep_silver(scored, c.threshold)
+    write_table(out, silver_training_pairs(silver, queries_of))
+    write_table(out, silver, name="silver_pairs")
+    write_table(out, scored, name="scored_candidates")
+    by_source = {}
+    for source, gold_count in (("train", train_gold), ("synthetic", synthetic_gold)):
+        if source not in c.queries:
+            continue
+        kept = silver.filter(pc.equal(silver.column("source"), source))
+        seen = scored.filter(pc.equal(scored.column("source"), source))
+        by_source[source] = {"queries": len(set(seen.column("qid").to_pylist())), "candidates": seen.num_rows,
+                             "silver": kept.num_rows, "gold_pairs": gold_count,
+                             "added_vs_gold": added_share(kept, gold_count),
+                             "p_histogram": probability_histogram(seen.column("p").to_numpy())}
+    logger.info("silver: %d of %d candidates kept (p >= %.2f)", silver.num_rows, scored.num_rows, c.threshold)
+    return {"stats": {"candidates": scored.num_rows, "silver": silver.num_rows, "threshold": c.threshold,
+                      "retriever": c.retriever, "top_k": c.top_k, "shards": n_shards, "by_source": by_source}}
+
+
+def wants_silver(cfg) -> bool:
+    systems = cfg.dense.systems if cfg.dense else []
+    return any(s.train and "silver" in s.train.pairs for s in systems)
+
+
+def stages(cfg, earlier: list[Stage]) -> list[Stage]:
+    if cfg.cross_encoder is None:
+        return []
+    c = cfg.cross_encoder
+    dense = (f"search:{c.dense_system}",) if c.dense_system else ()
+    out = [Stage("cross_encoder", "cross_encoder", "1",
+                 ("ingest_questions", "chunk", "link_gold", "bm25_search", *dense),
+                 CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
+                                    batch_size=c.batch_size), build_cross_encoder)]
+    if not wants_silver(cfg):
+        return out
+    s = cfg.silver
+    dense, pinned = {}, {}
+    if s.retriever == "bm25":
+        runs, extra = "bm25_search", ("bm25_index",)
+    else:
+        system = next((x for x in cfg.dense.systems if x.name == s.retriever and x.evaluate), None) if cfg.dense else None
+        if system is None:
+            raise ValueError(f"silver.retriever {s.retriever!r} is neither bm25 nor an evaluated dense system")
+        origin, model_stages, pinned = origin_of(system, cfg.config_dir)
+        runs = f"search:{s.retriever}"
+        extra = (f"encode:{s.retriever}", f"index:{s.retriever}", *model_stages)
+        dense = dict(dense_origin=origin, dense_encode=EncodeSettings.of(cfg.dense.encode))
+    synthetic = ("pairs:synthetic",) if "synthetic" in s.queries else ()
+    if synthetic and cfg.qgen is None:
+        raise ValueError("silver.queries names synthetic, which needs a qgen: section (the generated queries)")
+    params = SilverParams(config=s, retriever_runs=runs, device=c.device, batch_size=c.batch_size,
+                          shard_size=s.shard_size, bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b, **dense)
+    inputs = ("cross_encoder", "ingest_questions", "chunk", "pairs:gold", runs, *synthetic, *extra)
+    out.append(Stage("pairs:silver", "pairs", "1", tuple(dict.fromkeys(inputs)), params, build_silver_pairs,
+                     pinned=pinned, resumable=True, variant={"source": "silver"}))
+    return out

@@ -1,0 +1,187 @@
+"""Issue 11 pieces on hand-made cases: the 1:1:1 classifier sampler, silver filtering and weights,
+distillation losses, reranking order, the cross-encoder's export and training. Seconds on CPU."""
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from models.cross_encoder import CrossEncoderModel
+from models.losses import ListwiseKLLoss, MarginMSELoss, build_loss
+from tasks.rerank.rerank import rerank_run
+from tasks.schemas import GOLD, RUNS
+from tasks.silver.classifier import (ClassifierTrainArgs, ShuffledBatches, auc, best_threshold,
+                                     classification_metrics, train_classifier)
+from tasks.silver.labelling import SCORED, candidates_from_runs, keep_silver, probability_histogram
+from tasks.silver.sampling import classifier_pairs, held_out
+
+
+def _passages():
+    rows = [("d1-0", "d1", "paris is the capital of france"), ("d1-1", "d1", "the seine flows through the city"),
+            ("d1-2", "d1", "the river is long"), ("d1-3", "d1", "paris again here"),
+            ("d2-0", "d2", "what is the largest city"), ("d2-1", "d2", "title text passage"),
+            ("d3-0", "d3", "where does the river flow")]
+    return pa.table({"pid": [r[0] for r in rows], "doc_id": [r[1] for r in rows], "text": [r[2] for r in rows]})
+
+
+def _runs(rows):
+    return pa.table({"qid": [r[0] for r in rows], "pid": [r[1] for r in rows], "rank": [r[2] for r in rows],
+                     "score": [float(-r[2]) for r in rows], "system": ["x"] * len(rows)}, schema=RUNS)
+
+
+def test_classifier_pairs_are_one_to_one_to_one_and_never_gold_or_answers():
+    questions = pa.table({"qid": ["q1", "q2"], "question": ["capital of france", "no gold"],
+                          "answers": [["paris"], ["x"]]})
+    gold = pa.table({"qid": ["q1"], "pid": ["d1-0"], "relevance": [1]}, schema=GOLD)
+    # BM25: gold, an answer-bearing passage, then two clean ones (one below depth)
+    bm25 = _runs([("q1", "d1-0", 1), ("q1", "d1-3", 2), ("q1", "d2-0", 3), ("q1", "d2-1", 4)])
+    dense = _runs([("q1", "d1-3", 1), ("q1", "d3-0", 2), ("q1", "d2-1", 4)])
+    pairs = classifier_pairs(questions, gold, _passages(), bm25, dense, depth=3, seed=1)
+    by_source = {p.source: p for p in pairs}
+    assert [p.source for p in pairs] == ["gold", "bm25", "dense", "document"]  # q2 has no gold: no pairs
+    assert by_source["gold"].label == 1 and all(p.label == 0 for p in pairs[1:])
+    assert by_source["bm25"].pid == "d2-0"           # the only clean one in its top 3
+    assert by_source["dense"].pid == "d3-0"          # d1-3 holds "paris"; d2-1 is below depth
+    assert by_source["document"].pid in {"d1-1", "d1-2"}  # the gold document, not the answer passage
+    again = classifier_pairs(questions, gold, _passages(), bm25, dense, depth=3, seed=1)
+    assert again == pairs  # seeded draws
+    # Without a dense run the dense share is simply absent (1:1 BM25 : document).
+    assert [p.source for p in classifier_pairs(questions, gold, _passages(), bm25, None, depth=3)] == \
+        ["gold", "bm25", "document"]
+
+
+def test_held_out_is_a_stable_ten_percent():
+    qids = [f"q{i}" for i in range(4000)]
+    share = sum(held_out(q, 0.1, 7) for q in qids) / len(qids)
+    assert 0.085 < share < 0.115
+    assert [held_out(q, 0.1, 7) for q in qids[:50]] == [held_out(q, 0.1, 7) for q in qids[:50]]
+
+
+def test_silver_keeps_p_at_least_half_not_gold_with_p_squared_weights():
+    runs = _runs([("q1", "a", 1), ("q1", "b", 2), ("q1", "c", 3), ("q2", "a", 1)])
+    cands = candidates_from_runs(runs, {"q1": "first", "q2": "second"}, "train", top_k=2, known={("q1", "a")})
+    assert [(c.qid, c.pid, c.rank) for c in cands] == [("q1", "b", 2), ("q2", "a", 1)]  # gold out, top-2 only
+    scored = pa.table({"qid": ["q1", "q1", "q2", "q3"], "query": ["x"] * 4, "pid": ["b", "c", "a", "d"],
+                       "rank": [1, 2, 1, 1], "p": [0.5, 0.49, 0.9, 0.2], "source": ["train"] * 4}, schema=SCORED)
+    silver = keep_silver(scored, 0.5)
+    assert silver.column("pid").to_pylist() == ["b", "a"]  # p >= 0.5 kept, 0.49 dropped
+    assert silver.column("weight").to_pylist() == pytest.approx([0.25, 0.81])
+    assert [b["pairs"] for b in probability_histogram([0.05, 0.5, 0.95, 1.0])] == [1, 0, 0, 1, 0, 2]
+
+
+def test_distillation_losses_against_hand_computed_values():
+    class Identity(torch.nn.Module):
+        similarity_scale = 1.0
+
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    p = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    n = torch.tensor([[0.5, 0.0], [0.0, 0.0], [0.0, 0.2], [1.0, 0.0]])  # question-major, N = 2
+    teacher = torch.tensor([[3.0, 1.0, 0.0], [2.0, 2.0, -1.0]])
+    # student scores: q1 -> [1, 0.5, 0], q2 -> [1, 0.2, 0]
+    margin = MarginMSELoss(Identity())
+    expected = ((0.5 - 2) ** 2 + (1 - 3) ** 2 + (0.8 - 0) ** 2 + (1 - 3) ** 2) / 4
+    assert margin.compute_loss_from_embeddings(q, p, n, teacher_scores=teacher).item() == pytest.approx(expected)
+
+    kl = ListwiseKLLoss(Identity(), temperature=2.0)
+
+    def softmax(xs):
+        e = [math.exp(x) for x in xs]
+        return [x / sum(e) for x in e]
+    total = 0.0
+    for s, t in (([1, 0.5, 0], [1.5, 0.5, 0]), ([1, 0.2, 0], [1, 1, -0.5])):
+        ps, pt = softmax(s), softmax(t)
+        total += sum(a * math.log(a / b) for a, b in zip(pt, ps))
+    assert kl.compute_loss_from_embeddings(q, p, n, teacher_scores=teacher).item() == pytest.approx(total / 2, rel=1e-5)
+    with pytest.raises(ValueError, match="teacher"):
+        margin.compute_loss_from_embeddings(q, p, n)
+    assert build_loss("margin_mse", Identity()).uses_teacher_scores
+
+
+def test_rerank_orders_the_head_by_score_and_keeps_the_tail():
+    run = _runs([("q1", "a", 1), ("q1", "b", 2), ("q1", "c", 3), ("q1", "d", 4), ("q2", "e", 1), ("q2", "f", 2)])
+    logit = {"a": 0.1, "b": 2.0, "c": 1.0, "d": 9.0, "e": 0.0, "f": 0.0}
+    seen = []
+
+    def scorer(pairs):
+        seen.extend(pairs)
+        return [logit[text] for _, text in pairs]
+    out = rerank_run(run, {"q1": "Q1", "q2": "Q2"}, {p: p for p in logit}, scorer, depth=3, system="r")
+    rows = list(zip(out.column("qid").to_pylist(), out.column("pid").to_pylist(), out.column("rank").to_pylist()))
+    # q1: head a, b, c reordered b, c, a; d (below depth) stays after, though its logit is high
+    assert rows == [("q1", "b", 1), ("q1", "c", 2), ("q1", "a", 3), ("q1", "d", 4), ("q2", "e", 1), ("q2", "f", 2)]
+    assert ("Q1", "d") not in seen and len(seen) == 5
+    scores = out.column("score").to_pylist()
+    assert scores[:4] == sorted(scores[:4], reverse=True)  # monotone with the new ranks
+
+
+def test_classification_metrics_and_auc_by_hand():
+    labels, scores = [1, 0, 1, 0, 0], [0.9, 0.8, 0.4, 0.3, 0.4]
+    # positives 0.9 and 0.4 against negatives 0.8, 0.3, 0.4: wins 3 + 1 + tie 0.5 of 6
+    assert auc(labels, scores) == pytest.approx((3 + 1 + 0.5) / 6)
+    m = classification_metrics(labels, [s >= 0.5 for s in scores], scores)
+    assert (m["accuracy"], m["precision"], m["recall"]) == pytest.approx((0.6, 0.5, 0.5))
+    assert m["f1"] == pytest.approx(0.5)
+    assert best_threshold(labels, scores) == pytest.approx(0.9)
+    assert math.isnan(auc([1, 1], [0.1, 0.2]))
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(checkpoint):
+    return CrossEncoderModel.from_base(str(checkpoint), max_length=48)
+
+
+def test_export_loads_in_sentence_transformers_with_the_same_scores(cross_encoder, tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    pairs = [("what is the capital of france", "paris is the capital"), ("where does the seine flow", "the river"),
+             ("who", "the largest city of the title passage text")]
+    ours = cross_encoder.score(pairs, batch_size=2, device="cpu")
+    folder = cross_encoder.save_pretrained(tmp_path / "ce")
+    theirs = CrossEncoder(str(folder), device="cpu").predict(pairs, batch_size=2, show_progress_bar=False)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    reloaded = CrossEncoderModel.from_pretrained(folder)
+    np.testing.assert_allclose(reloaded.score(pairs, device="cpu"), ours, atol=1e-6)
+    assert reloaded.max_length == 48
+
+
+def _toy_task():
+    positives = [("capital of france", "paris is the capital of france"), ("where does the seine flow", "the seine flows through paris")]
+    negatives = [("capital of france", "the river is long"), ("where does the seine flow", "what is the largest city")]
+    pairs = (positives + negatives) * 4
+    return pairs, ([1] * 2 + [0] * 2) * 4
+
+
+def test_classifier_training_learns_and_resumes_exactly(checkpoint, tmp_path):
+    pairs, labels = _toy_task()
+    args = ClassifierTrainArgs(lr=1e-3, batch_size=4, max_steps=6, warmup_ratio=0.0, checkpoint_every=3, seed=3)
+
+    torch.manual_seed(0)
+    full = CrossEncoderModel.from_base(str(checkpoint), max_length=32)
+    before = full.score(pairs[:4], device="cpu")
+    result = train_classifier(full, pairs, labels, args, tmp_path / "full", device="cpu")
+    after = full.score(pairs[:4], device="cpu")
+    assert result["history"][-1]["loss"] < result["history"][0]["loss"]
+    assert (after[:2] - after[2:]).mean() > (before[:2] - before[2:]).mean()  # positives pulled above negatives
+
+    # A run killed after its step-3 checkpoint: drop what came later, start again on the folder.
+    import shutil
+
+    shutil.rmtree(tmp_path / "full" / "checkpoints" / "step-0000006")
+    torch.manual_seed(1)  # a different start: everything must come from the checkpoint
+    resumed = CrossEncoderModel.from_base(str(checkpoint), max_length=32)
+    result = train_classifier(resumed, pairs, labels, args, tmp_path / "full", device="cpu")
+    assert result["resumed_from"].endswith("step-0000003")
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_shuffled_batches_state_continues_mid_epoch():
+    a = ShuffledBatches(10, 3, seed=1)
+    it = iter(a)
+    first = [next(it), next(it)]
+    b = ShuffledBatches(10, 3, seed=1)
+    b.load_state_dict({"epoch": 0, "position": 1, "n": 10, "batch_size": 3})
+    assert list(b)[0] == first[1]
+    with pytest.raises(ValueError, match="sampler state"):
+        b.load_state_dict({"epoch": 0, "position": 0, "n": 11, "batch_size": 3})

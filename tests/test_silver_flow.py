@@ -1,0 +1,98 @@
+"""Paper 001 through the flow on the tiny SQuAD slice with tiny random BERTs: the cross-encoder
+stage, silver pairs, a dual encoder on gold + silver with the weighted softmax, a distilled one,
+a reranked BM25 run evaluated on the test split, and mined negatives judged by the classifier."""
+
+import pytest
+
+from flows.pipeline import pipeline
+from storage import ArtifactStore
+from tasks.config import PROJECT_ROOT, ConfigError, load_config
+
+pytestmark = pytest.mark.usefixtures("flush_denormals")
+
+
+def _config(tmp_path, checkpoint):
+    import yaml
+
+    model = {"base": str(checkpoint), "shared": True, "pooling": "mean", "normalize": True, "scale": 100.0}
+    train = {"batch_size": 8, "max_steps": 2, "select_on_dev": False, "hard_negatives": 1, "passage_max_len": 96}
+    config = {
+        "extends": str(PROJECT_ROOT / "configs" / "tiny.yaml"),
+        "negatives": {"drop_relevant_above": 0.99},
+        "cross_encoder": {"base": str(checkpoint), "dense_system": "zs", "report_max_questions": 10, "device": "cpu",
+                          "train": {"max_steps": 4, "batch_size": 8, "lr": 1.0e-3, "max_length": 96}},
+        # threshold 0: every candidate is kept, so the tiny run has silver pairs whatever p is
+        "silver": {"queries": ["train"], "retriever": "zs", "top_k": 3, "threshold": 0.0, "max_queries": 12,
+                   "shard_size": 10},
+        "rerank": [{"run": "bm25", "depth": 5, "splits": ["test"]}],
+        "dense": {"encode": {"batch_size": 16, "passage_max_len": 96, "query_max_len": 32},
+                  "systems": [{"name": "zs", "model": model},
+                              {"name": "weighted", "model": model,
+                               "train": {"loss": "weighted", "pairs": ["gold", "silver"], **train}},
+                              {"name": "distilled", "model": model,
+                               "train": {"loss": "margin_mse", "max_questions": 16, "negative_pool": 3, **train}}]},
+    }
+    path = tmp_path / "silver.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_silver_pipeline(prefect_harness, shared_data, tmp_path, tiny_checkpoint):
+    cfg = load_config(_config(tmp_path, tiny_checkpoint))
+    versions = pipeline(config=cfg, root=str(tmp_path / "artifacts"))
+    assert {"cross_encoder", "pairs:silver", "train:weighted", "train:distilled", "rerank:bm25-rerank"} <= set(versions)
+    store = ArtifactStore(tmp_path / "artifacts")
+
+    ce = store.get("cross_encoder", versions["cross_encoder"])
+    stats = ce.manifest["stats"]
+    assert set(stats["sources"]) == {"gold", "bm25", "dense", "document"} and stats["steps"] == 4
+    report = store.sql("SELECT * FROM classification_report").to_pylist()
+    assert [r["model"].split(" ")[0] for r in report] == ["majority", "dual", "cross-attention"]
+    assert report[0]["recall"] == 0.0 and 0 < report[0]["accuracy"] < 1
+    from sentence_transformers import CrossEncoder
+
+    assert CrossEncoder(str(ce.path / "model"), device="cpu").predict([("a question", "a passage")]).shape == (1,)
+
+    # Silver pairs: the retriever's top 3 minus gold, p^2 weights, in the pairs view beside gold.
+    silver = store.sql("SELECT * FROM silver_pairs").to_pylist()
+    assert silver and all(r["weight"] == pytest.approx(r["p"] ** 2) for r in silver)
+    gold = {(r["qid"], r["pid"]) for r in store.sql("SELECT qid, pid FROM pairs WHERE source = 'gold'").to_pylist()}
+    assert not gold & {(r["qid"], r["pid"]) for r in silver}
+    assert store.sql("SELECT count(*) FROM pairs WHERE source = 'silver'").column(0)[0].as_py() == len(silver)
+    by_source = store.get("pairs", versions["pairs:silver"]).manifest["stats"]["by_source"]["train"]
+    assert by_source["queries"] == 12 and by_source["silver"] == len(silver)
+    assert sum(b["pairs"] for b in by_source["p_histogram"]) == by_source["candidates"]
+
+    weighted = store.get("dense_model", versions["train:weighted"]).manifest
+    assert weighted["stats"]["examples"] > by_source["silver"] and "pairs:silver" in weighted["inputs"]
+    assert "cross_encoder" in store.get("dense_model", versions["train:distilled"]).manifest["inputs"]
+
+    # The reranked BM25 run: evaluated on the test split only, same passages per question as BM25's top 5.
+    splits = store.sql("SELECT DISTINCT split FROM metrics WHERE system = 'bm25-rerank'").column(0).to_pylist()
+    assert set(splits) == {"test", "all"}
+    same = store.sql("""SELECT count(*) FROM (SELECT qid, pid FROM reranked_runs WHERE rank <= 5
+                        EXCEPT SELECT r.qid, r.pid FROM bm25_runs r JOIN questions q USING (qid)
+                        WHERE r.rank <= 5 AND q.split = 'test')""").column(0)[0].as_py()
+    assert same == 0
+    report = (store.get("evaluation", versions["evaluate"]).path / "report.md").read_text()
+    assert "## Cross-attention classifier" in report and "| majority (always false) | " in report
+    assert "## Silver pairs" in report and f"| train | 12 | {by_source['candidates']} |" in report
+    filtering = store.get("negatives", versions["negatives:bm25"]).manifest["stats"]["filtering"]
+    assert filtering["candidates"] == filtering["kept"] + filtering["dropped_gold"] + filtering["dropped_answer"] + \
+        filtering["dropped_relevant"]
+
+
+def test_silver_config_errors(tmp_path):
+    base = f"extends: {PROJECT_ROOT / 'configs' / 'tiny.yaml'}\n"
+    cases = {
+        "dense: {systems: [{name: s, train: {pairs: [gold, silver], loss: weighted}}]}": "cross_encoder",
+        "cross_encoder: {}\ndense: {systems: [{name: s, train: {pairs: [gold, silver]}}]}": "loss: weighted",
+        "cross_encoder: {dense_system: nope}": "dense_system",
+        "rerank: [{run: bm25}]": "cross_encoder",
+        "dense: {systems: [{name: s, train: {loss: dpr, loss_options: {queue: 3}}}]}": "does not take options",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(base + text + "\n")
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
