@@ -163,15 +163,16 @@ def main(argv=None) -> dict:
         rows, info = run_seed(cfg, root, seed, args.split)
         all_rows += rows
         runs.append({"seed": seed, **info})
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
+              else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
     questions = {r["questions"] for r in all_rows if r["questions"]}
     report = [f"# Query-as-context pre-training then fine-tuning ({Path(args.config).name}, {args.split} split)", "",
               f"device {device}; torch {torch.__version__}; {', '.join(str(int(q)) for q in sorted(questions))} "
               f"{args.split} questions; store {root}", "",
               table(all_rows), "",
               "Seeds: pre-training/fine-tuning. Top-k: share of questions with an answer-bearing passage in "
-              "the top k (DPR); MRR@10 as the evaluation stage computes it. Runtimes are each stage's recorded build seconds (`reused`: built "
-              "before this run, by an earlier run of the same versions).", ""]
+              "the top k (DPR); MRR@10 as the evaluation stage computes it. Runtimes are each stage's recorded "
+              "build seconds (`reused`: built before this run, by an earlier run of the same versions).", ""]
     for run in runs:
         report.append(f"- seed {run['seed'] if run['seed'] is not None else 'as configured'}: pipeline wall "
                       f"{run['wall_s']:.0f} s; evaluate {run['evaluate']}; "

@@ -20,9 +20,9 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
+from models.callbacks import TrainerCallback
 from models.losses.base import EmbeddingLoss, no_weights
 from models.pooling import Pooling, pool
-from tasks.training.callbacks import TrainerCallback
 
 from .heads import MlmHead, TransformerHead
 from .masking import IGNORE, MaskSpec, mask_tokens, step_generator

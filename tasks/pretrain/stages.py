@@ -56,7 +56,8 @@ class PretrainRun(TrainerArgs):
     head_layers: int = Field(HEAD_LAYERS, ge=1, description="cocondenser: Condenser head layers")
     decoder_layers: int = Field(HEAD_LAYERS, ge=1, description="cotmae: decoder layers")
     # Section 2.1: the head reads the M-th layer's token states, "e.g. L/2" (6 of BERT-base's 12).
-    middle_layer: Optional[int] = Field(None, ge=1, description="cocondenser: the layer the head's token states come from (empty: L/2)")
+    middle_layer: Optional[int] = Field(None, ge=1, description=(
+        "cocondenser: the layer the head's token states come from (empty: L/2)"))
     temperature: float = Field(TEMPERATURE, gt=0, description="cocondenser: tau of the contrastive loss (section 2.1)")
     # Section 2.1: the span's representation is the last layer's [CLS] state, h_L^0.
     pooling: Literal["cls", "mean"] = Field("cls", description="cocondenser: the representation the contrastive loss compares")
@@ -151,8 +152,9 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
         examples = query_context_examples(passages, inputs["synthetic_queries"].read_table(columns=["pid", "n", "query"]))
     examples = sample_examples(examples, c.max_passages, c.seed)
     if len(examples) < c.batch_size:
+        why = "documents of one passage have none" if c.form == "passage-passage" else "check the qgen stage"
         raise ValueError(f"pretrain {c.name}: {len(examples)} passages with a context, fewer than batch_size "
-                         f"{c.batch_size} (form {c.form}: {'documents of one passage have none' if c.form == 'passage-passage' else 'check the qgen stage'})")
+                         f"{c.batch_size} (form {c.form}: {why})")
     torch.manual_seed(c.seed)  # the heads' initialisation
     model = BiEncoder.from_pretrained(c.base, pooling="cls")
     loss = build_pretraining_loss(c.objective, model, **c.loss_options())
@@ -183,6 +185,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = []
     for run in cfg.pretrain:
         contexts = ("synthetic_queries",) if run.form in QUERY_FORMS else ()
-        out.append(Stage(f"pretrain:{run.name}", ARTIFACT, "1", ("chunk", *contexts), PretrainParams(pretrain=run.run(), device=run.device),
-                         build_pretrain, variant={"pretrain": run.name}, resumable=True))
+        params = PretrainParams(pretrain=run.run(), device=run.device)
+        out.append(Stage(f"pretrain:{run.name}", ARTIFACT, "1", ("chunk", *contexts), params, build_pretrain,
+                         variant={"pretrain": run.name}, resumable=True))
     return out
