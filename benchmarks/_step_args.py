@@ -1,6 +1,6 @@
-"""The command-line options every training-step benchmark shares (training_throughput.py,
-xmoco_step_time.py, pretraining_throughput.py): the repeat protocol, steps per repeat, lengths,
-threads, learning rate, device and bf16."""
+"""What every training-step benchmark shares (training_throughput.py, xmoco_step_time.py,
+pretraining_throughput.py): the command-line options (the repeat protocol, steps per repeat,
+lengths, threads, learning rate, device, bf16) and the timed optimizer step."""
 from __future__ import annotations
 
 import argparse
@@ -19,3 +19,14 @@ def add_step_arguments(ap: argparse.ArgumentParser, *, steps_per_repeat: int = 1
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) forward + loss (meant for CUDA)")
+
+
+def optimizer_step(loss_fn, inputs: tuple, optimizer, autocast) -> float:
+    """One timed training step as every step benchmark takes it: the loss under `autocast()`,
+    backward, optimizer step, gradients cleared; returns the loss."""
+    with autocast():
+        loss = loss_fn(*inputs)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())

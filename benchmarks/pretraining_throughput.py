@@ -36,7 +36,7 @@ from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
-from _step_args import add_step_arguments  # noqa: E402
+from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -115,12 +115,7 @@ def main(argv=None) -> dict:
             contexts = [c for _, _, c in batch] if name == "passage-passage" else [q for q, _, _ in batch]
             q = {k: v.to(device) for k, v in collator.encode_queries(contexts).items()}
             p = {k: v.to(device) for k, v in collator.encode_passages([p for _, p, _ in batch]).items()}
-            with autocast():
-                loss = loss_fn(q, p)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return float(loss.detach())
+            return optimizer_step(loss_fn, (q, p), optimizer, autocast)
 
         steps[name], losses[name] = step, []
 

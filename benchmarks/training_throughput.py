@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
-from _step_args import add_step_arguments  # noqa: E402
+from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -95,12 +95,7 @@ def main(argv=None) -> dict:
     def our_step(batch):
         q = tokenize(our_tok, [x for x, _ in batch], args.query_length)
         p = tokenize(our_tok, [y for _, y in batch], args.passage_length)
-        with autocast():
-            loss = our_loss(q, p)
-        loss.backward()
-        our_opt.step()
-        our_opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return optimizer_step(our_loss, (q, p), our_opt, autocast)
 
     # -- sentence-transformers --------------------------------------------------------------
     torch.manual_seed(0)
@@ -114,12 +109,7 @@ def main(argv=None) -> dict:
         q = tokenize(st_tok, [x for x, _ in batch], args.query_length)
         p = tokenize(st_tok, [y for _, y in batch], args.passage_length)
         labels = torch.arange(len(batch), device=device)
-        with autocast():
-            loss = st_loss([q, p], labels)
-        loss.backward()
-        st_opt.step()
-        st_opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return optimizer_step(st_loss, ([q, p], labels), st_opt, autocast)
 
     steps = {"st": st_step, "ours": our_step}
     losses = {k: [] for k in steps}

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
-from _step_args import add_step_arguments  # noqa: E402
+from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -144,14 +144,10 @@ def main(argv=None) -> dict:
 
         def step(batch, model=model, loss_fn=loss_fn, optimizer=optimizer):
             q, p, n = batch
-            with autocast():
-                loss = loss_fn(q, p, n)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = optimizer_step(loss_fn, (q, p, n), optimizer, autocast)
             if isinstance(loss_fn, XMoCoLoss):
                 loss_fn.on_step_end(0, model, optimizer)
-            return float(loss.detach())
+            return loss
         steps[name] = step
 
     for b in batches[:args.warmup]:

@@ -8,6 +8,7 @@ scores exactly what `CrossEncoderModel.score` scores.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -112,17 +113,15 @@ class CrossEncoderModel(nn.Module):
         out = np.empty(len(pairs), dtype=np.float32)
         was_training = self.training
         self.eval()
-        autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else None
+        autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 and device.type == "cuda" \
+            else contextlib.nullcontext
         try:
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
                 batch = self.tokenizer.pad({k: [encoded[k][i] for i in rows] for k in keys}, padding="longest",
                                            return_tensors="pt")
                 batch = {k: v.to(device) for k, v in batch.items()}
-                if autocast is not None:
-                    with autocast:
-                        values = self(batch)
-                else:
+                with autocast():
                     values = self(batch)
                 out[rows] = values.float().cpu().numpy()
                 if progress is not None:

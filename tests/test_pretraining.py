@@ -30,7 +30,7 @@ from models.pretraining import (  # noqa: E402
 )
 from tasks.training import Collator, TrainerArgs, TrainExample, latest_checkpoint  # noqa: E402
 from tasks.training import train_bi_encoder as _train_bi_encoder  # noqa: E402
-from tasks.training.callbacks import TrainerCallback  # noqa: E402
+from tests.crash import Crash, crash_at  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
 
@@ -393,17 +393,9 @@ def test_pretraining_resumes_exactly(checkpoint, tmp_path, objective):
     one, one_loss = fresh(0)
     train_bi_encoder(one, one_loss, examples, args, tmp_path / "one")
 
-    class Crash(Exception):
-        pass
-
-    class CrashAtStep3(TrainerCallback):
-        def on_step_end(self, step, model, optimizer):
-            if step == 3:
-                raise Crash
-
     first, first_loss = fresh(0)
     with pytest.raises(Crash):
-        train_bi_encoder(first, first_loss, examples, args, tmp_path / "two", callbacks=[CrashAtStep3()])
+        train_bi_encoder(first, first_loss, examples, args, tmp_path / "two", callbacks=[crash_at(3)])
     assert latest_checkpoint(tmp_path / "two").name == "step-0000002"
     second, second_loss = fresh(4)  # other head weights: the checkpoint must restore them
     result = train_bi_encoder(second, second_loss, examples, args, tmp_path / "two")

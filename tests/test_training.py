@@ -19,6 +19,7 @@ from tasks.training import (  # noqa: E402
 )
 from tasks.training import train_bi_encoder as _train_bi_encoder  # noqa: E402
 from tasks.training.callbacks import TrainerCallback  # noqa: E402
+from tests.crash import Crash, crash_at  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
 
@@ -177,9 +178,6 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
 
     one = new_model(checkpoint, seed=1)
     train_bi_encoder(one, InBatchSoftmaxLoss(one), examples, args, tmp_path / "one", progress=False)
-
-    class Crash(Exception):
-        pass
 
     def crash_after_checkpoint(model):
         if crash_after_checkpoint.calls == 4:  # evaluated at step 5: after the step-4 checkpoint
@@ -448,18 +446,10 @@ def test_resume_restores_the_loss_state(checkpoint, tmp_path):
     one_loss = MomentumLoss(one)
     train_bi_encoder(one, one_loss, examples, args, tmp_path / "one", progress=False)
 
-    class Crash(Exception):
-        pass
-
-    class CrashAtStep3(TrainerCallback):
-        def on_step_end(self, step, model, optimizer):
-            if step == 3:
-                raise Crash
-
     first = new_model(checkpoint, seed=1)
     with pytest.raises(Crash):
         train_bi_encoder(first, MomentumLoss(first), examples, args, tmp_path / "two",
-                         callbacks=[CrashAtStep3()], progress=False)
+                         callbacks=[crash_at(3)], progress=False)
     second = new_model(checkpoint, seed=3)  # its EMA starts elsewhere: the checkpoint must restore it
     second_loss = MomentumLoss(second)
     result = train_bi_encoder(second, second_loss, examples, args, tmp_path / "two", progress=False)

@@ -40,7 +40,7 @@ from models.losses.xmoco import (  # noqa: E402
 )
 from tasks.training import TrainerArgs, TrainExample  # noqa: E402
 from tasks.training import train_bi_encoder as _train_bi_encoder  # noqa: E402
-from tasks.training.callbacks import TrainerCallback  # noqa: E402
+from tests.crash import Crash, crash_at  # noqa: E402
 from tests.tiny_models import WORDS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
@@ -328,18 +328,10 @@ def test_resume_restores_queues_and_slow_encoders_exactly(checkpoint, tmp_path):
     one_loss = XMoCoLoss(one, queue_size=12, momentum=0.5)
     result_one = train_bi_encoder(one, one_loss, examples, args, tmp_path / "one", progress=False)
 
-    class Crash(Exception):
-        pass
-
-    class CrashAtStep5(TrainerCallback):
-        def on_step_end(self, step, model, optimizer):
-            if step == 5:
-                raise Crash
-
     first = two_towers(checkpoint, seed=1)
     with pytest.raises(Crash):
         train_bi_encoder(first, XMoCoLoss(first, queue_size=12, momentum=0.5), examples, args, tmp_path / "two",
-                         callbacks=[CrashAtStep5()], progress=False)
+                         callbacks=[crash_at(5)], progress=False)
     second = two_towers(checkpoint, seed=3)  # other projections, fresh queues: the checkpoint restores them
     second_loss = XMoCoLoss(second, queue_size=12, momentum=0.5)
     result = train_bi_encoder(second, second_loss, examples, args, tmp_path / "two", progress=False)

@@ -197,17 +197,27 @@ def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> 
     return {"stats": faiss_index.index_params(index)}
 
 
-def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
+def search_texts(origin: Origin, settings: EncodeSettings, inputs: dict[str, Artifact], encoded: Artifact,
+                 index: Artifact, qids, texts: list[str], k: int, device: str, system: str, log=None):
+    """(RUNS, query vectors): `texts` encoded by `origin`'s encoder with `settings`, searched in
+    the FAISS `index` artifact whose rows are the `encoded` artifact's passages."""
     from tasks.dense import faiss_index
+
+    pids = encoded.read_table(columns=["pid"]).column("pid")
+    model = for_inference(origin.load(inputs), device, settings.int8)
+    vectors = settings.encode(model, texts, "query", device, log=log)
+    loaded = faiss_index.load_index(index.subdir("index"))
+    return faiss_index.search(loaded, vectors.astype("float32"), k, pids, qids, system=system), vectors
+
+
+def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from tasks.dense.encode import query_vectors_table
 
     device = resolve_device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
-    pids = inputs["encode"].read_table(columns=["pid"]).column("pid")
-    model = for_inference(params.origin.load(inputs), device, params.settings.int8)
-    vectors = params.settings.encode(model, questions.column("question").to_pylist(), "query", device, log=_log)
-    index = faiss_index.load_index(inputs["index"].subdir("index"))
-    runs = faiss_index.search(index, vectors.astype("float32"), params.k, pids, questions.column("qid"), system=params.system)
+    runs, vectors = search_texts(params.origin, params.settings, inputs, inputs["encode"], inputs["index"],
+                                 questions.column("qid"), questions.column("question").to_pylist(), params.k, device,
+                                 params.system, log=_log)
     write_table(out, runs)
     # The question vectors too: miners and embedding fusion read them instead of re-encoding.
     write_table(out, query_vectors_table(questions.column("qid").to_pylist(), vectors), name=QUERY_VECTORS)

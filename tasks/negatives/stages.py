@@ -54,7 +54,7 @@ class NegativesConfig(BaseModel):
     mixed: list[str] = Field(default_factory=lambda: ["coarse", "fine", "bm25", "context"],
                              description="the strategies a system naming `mixed` draws from")
     shard_size: int = Field(65536, ge=1, description="passage vectors per block of dense mining (memory bound)")
-    # Issue 11: the cross-attention classifier (cross_encoder:) judges mined negatives; one it
+    # The cross-attention classifier of paper 001 (cross_encoder:) judges mined negatives; one it
     # deems an answer (p above the threshold) is a false negative and is dropped.
     drop_relevant_above: Optional[float] = Field(
         None, ge=0, le=1, description="drop a mined negative whose cross-encoder p exceeds this (needs cross_encoder:)")

@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import math
-import random
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from tasks.training.data import epoch_order
 from tasks.training.trainer import (
     CHECKPOINTS,
     STATE_NAME,
@@ -54,14 +54,6 @@ class GeneratorTrainArgs(ScheduleArgs):
     max_source_len: int = Field(256, ge=1, description="passage tokens (title and text, with the prompt)")
     max_target_len: int = Field(32, ge=1, description="question tokens")
     eval_every: Optional[int] = Field(None, ge=1, description="steps between dev losses; always one at step 0 and at the end")
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The pairs' order in one epoch: a function of (seed, epoch) only, so a resume needs no
-    sampler state beyond the step."""
-    order = list(range(n))
-    random.Random(f"{seed}:{epoch}").shuffle(order)  # its own RNG: the global streams stay untouched
-    return order
 
 
 def _batch(generator, pairs: Sequence[Pair], args: GeneratorTrainArgs, device: torch.device) -> dict:

@@ -76,7 +76,7 @@ def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, w
             return model.logits(pairs, batch_size=params.batch_size, device=device, bf16=device == "cuda", progress=log)
         return rerank_run(part, question_of, text_of, scorer, params.depth, params.system)
 
-    files = build_shards(work, max(len(shards), 1), compute) if shards else []
+    files = build_shards(work, len(shards), compute) if shards else []
     table = pa.concat_tables([pq.read_table(f, schema=RUNS) for f in files]) if files else RUNS.empty_table()
     write_table(out, table)
     return {"stats": {"questions": len(set(table.column("qid").to_pylist())), "depth": params.depth,

@@ -3,13 +3,13 @@
 its classification report in the shape of paper 001 table 2."""
 from __future__ import annotations
 
-import random
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 from pydantic import Field
 
+from tasks.training.data import epoch_order
 from tasks.training.trainer import ScheduleArgs
 
 Pair = tuple[str, str]
@@ -36,8 +36,7 @@ class ShuffledBatches:
         return self.n // self.batch_size
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = list(range(self.n))
-        random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        order = epoch_order(self.n, self.seed, self.epoch)
         while self.position < len(self):
             start = self.position * self.batch_size
             self.position += 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from models.losses.weighted import silver_weight
 from tasks.schemas import PAIRS
 
 # One row per scored candidate; `source` is the query set: train (questions) or synthetic.
@@ -47,17 +48,12 @@ def score_candidates(model, candidates: Sequence[Candidate], text_of: Mapping[st
                      "p": p.astype(np.float32), "source": [c.source for c in candidates]}, schema=SCORED)
 
 
-def silver_weight(p: np.ndarray) -> np.ndarray:
-    """Paper 001 section 4.2: a silver pair weighs p(x, y)^2."""
-    return np.asarray(p, dtype=np.float64) ** 2
-
-
 def keep_silver(scored: pa.Table, threshold: float = 0.5) -> pa.Table:
     """SILVER_PAIRS: the scored pairs with p >= `threshold` (paper 001 section 5.1: 0.5), weight p^2."""
     p = scored.column("p").to_numpy()
     kept = scored.filter(pa.array(p >= threshold))
     return pa.table({"qid": kept.column("qid"), "pid": kept.column("pid"), "p": kept.column("p"),
-                     "weight": pa.array(silver_weight(kept.column("p").to_numpy()).astype(np.float32)),
+                     "weight": pa.array(silver_weight(kept.column("p").to_numpy().astype(np.float64)).astype(np.float32)),
                      "source": kept.column("source")}, schema=SILVER_PAIRS)
 
 

@@ -12,6 +12,7 @@ Trained systems use them with `pairs: [gold, silver]` and `loss: weighted`; rera
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -81,7 +82,7 @@ def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> p
 def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from models.cross_encoder import CrossEncoderModel
     from tasks.dense.models import resolve_device
-    from tasks.silver.classifier import DevLogLoss, classification_report, train_classifier
+    from tasks.silver.classifier import DevLogLoss, train_classifier
     from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, source_counts
 
     c, device = params.config, resolve_device(params.device)
@@ -96,17 +97,16 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
         qs = _sample_questions(questions.filter(pc.equal(questions.column("split"), split)), limit, c.seed)
         return classifier_pairs(qs, gold, passages, bm25, dense, depth=c.depth, seed=c.seed, match_type=params.match_type)
 
-    pairs = pairs_of(c.split, c.max_questions)
-    train = [p for p in pairs if not held_out(p.qid, c.dev_share, c.seed)]
-    dev = [p for p in pairs if held_out(p.qid, c.dev_share, c.seed)]
+    train, dev = [], []
+    for pair in pairs_of(c.split, c.max_questions):
+        (dev if held_out(pair.qid, c.dev_share, c.seed) else train).append(pair)
     if not train or not dev:
         raise ValueError(f"cross_encoder: {len(train)} training and {len(dev)} dev pairs from split {c.split!r}; "
                          "check the split, dev_share and max_questions")
     logger.info("cross_encoder: %d training pairs %s, %d dev pairs", len(train), source_counts(train), len(dev))
     model = CrossEncoderModel.from_base(c.base, c.train.max_length)
     evaluator = DevLogLoss(as_text_pairs(dev, text_of), [p.label for p in dev], params.batch_size)
-    args = ClassifierTrainArgs(**c.train.model_dump())
-    result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], args, out / "training",
+    result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], c.train, out / "training",
                               evaluator=evaluator, device=str(device))
     model = CrossEncoderModel.from_pretrained(out / "training" / "best")
     model.to(device)
@@ -115,9 +115,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     report_pairs = pairs_of(c.report_split, c.report_max_questions)
     report, threshold = _report(model, dev, report_pairs, text_of, inputs, params, device)
     write_table(out, pa.Table.from_pylist(report), name="classification_report")
-    for copy in ("best", "final"):
-        import shutil
-
+    for copy in ("best", "final"):  # model/ holds the chosen weights; history and curve stay
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
     return {"stats": {"training_pairs": len(train), "dev_pairs": len(dev), "sources": source_counts(train),
                       "steps": len(result["history"]), "best_step": result["best_step"],
@@ -178,11 +176,6 @@ class SilverParams(StageParams):
     bm25_b: float
 
 
-def _synthetic_queries(inputs: dict[str, Artifact]) -> dict[str, str]:
-    pairs = inputs["pairs:synthetic"].read_table(columns=["qid", "query"])
-    return dict(zip(pairs.column("qid").to_pylist(), pairs.column("query").to_pylist()))
-
-
 def _sample(queries: dict[str, str], limit: Optional[int], seed: int) -> dict[str, str]:
     if limit is None or len(queries) <= limit:
         return queries
@@ -200,17 +193,14 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
 
         return bm25_search(inputs["bm25_index"].subdir("index"), items, k=params.config.top_k + 1,
                            k1=params.bm25_k1, b=params.bm25_b, system="bm25")
-    from tasks.dense import faiss_index
-    from tasks.dense.models import for_inference, resolve_device
+    from tasks.dense.models import resolve_device
+    from tasks.dense.stages import search_texts
 
     system = params.config.retriever
-    device = resolve_device(params.device)
-    model = for_inference(params.dense_origin.load(inputs), device, params.dense_encode.int8)
-    vectors = params.dense_encode.encode(model, [t for _, t in items], "query", device)
-    pids = inputs[f"encode:{system}"].read_table(columns=["pid"]).column("pid")
-    index = faiss_index.load_index(inputs[f"index:{system}"].subdir("index"))
-    return faiss_index.search(index, vectors.astype("float32"), params.config.top_k + 1, pids,
-                              pa.array([q for q, _ in items]), system=system)
+    runs, _ = search_texts(params.dense_origin, params.dense_encode, inputs, inputs[f"encode:{system}"],
+                           inputs[f"index:{system}"], pa.array([q for q, _ in items]), [t for _, t in items],
+                           params.config.top_k + 1, resolve_device(params.device), system)
+    return runs
 
 
 def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
@@ -238,8 +228,8 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
         queries_of.update(questions)
     synthetic_gold = 0
     if "synthetic" in c.queries:
-        synthetic = _sample(_synthetic_queries(inputs), c.max_queries, c.seed)
-        own = inputs["pairs:synthetic"].read_table(columns=["qid", "pid"])
+        own = inputs["pairs:synthetic"].read_table(columns=["qid", "query", "pid"])
+        synthetic = _sample(dict(zip(own.column("qid").to_pylist(), own.column("query").to_pylist())), c.max_queries, c.seed)
         own_pairs = set(zip(own.column("qid").to_pylist(), own.column("pid").to_pylist()))
         synthetic_gold = len(own_pairs)
         runs = _synthetic_runs(params, inputs, synthetic)

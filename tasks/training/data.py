@@ -33,6 +33,14 @@ class TrainExample:
     queries: list[str] = field(default_factory=list)
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """Indices 0..n-1 in one epoch's order: a function of (seed, epoch) only, so a resume needs no
+    state beyond the epoch and the position in it."""
+    order = list(range(n))
+    random.Random(f"{seed}:{epoch}").shuffle(order)  # its own RNG: the global streams stay untouched
+    return order
+
+
 class UniqueBatchSampler:
     """Yields lists of example indices.
 
@@ -62,10 +70,8 @@ class UniqueBatchSampler:
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        order = list(range(len(self.keys)))
-        random.Random(f"{self.seed}:{epoch}").shuffle(order)
         batches: list[list[int]] = []
-        waiting = order
+        waiting = epoch_order(len(self.keys), self.seed, epoch)
         while waiting:
             batch: list[int] = []
             qids: set[str] = set()

@@ -137,7 +137,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
                                    seed=t.seed, max_questions=t.max_questions, split=t.split)
     model = params.origin.load(inputs)
     loss = build_loss(t.loss, model, **t.loss_options)
-    if getattr(loss, "uses_teacher_scores", False):
+    if t.distils:
         examples = _with_teacher_scores(examples, inputs["cross_encoder"], device)
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
