@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the pipeline (a Prefect flow) on a config")
     run.add_argument("config", type=Path)
     run.add_argument("--stage", help="rerun only this stage on its latest upstream artifacts")
+    run.add_argument("--nproc", type=int, default=1, help="train a train:NAME stage data-parallel on this many "
+                                                          "ranks (torchrun + DDP: one per GPU, gloo on CPUs)")
     arts = sub.add_parser("artifacts", help="list artifacts, or one artifact's lineage")
     arts.add_argument("--stage", help="only this stage")
     arts.add_argument("--lineage", metavar="STAGE[:VERSION]", help="the chain of artifacts behind one artifact")
@@ -41,10 +43,15 @@ def main(argv: list[str] | None = None) -> int:
                                              "without a version, list the promotions")
     promote.add_argument("version", nargs="?", help="a dense_model version (or a unique prefix of one)")
     promote.add_argument("--note", help="why, recorded with the promotion")
+    refresh = sub.add_parser("refresh", help="refresh a built corpus from a newer dump: re-ingest, re-chunk and "
+                                             "re-encode what changed, update the BM25 and FAISS indexes")
+    refresh.add_argument("config", type=Path)
+    refresh.add_argument("--dump", help="the newer dump: a path, a glob (the newest match) or a URL with an optional "
+                                        "{date} (default: the config's refresh.dump, else its own dump read again)")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
-    serve.add_argument("--cron", help="schedule the full pipelines (corpus refresh), e.g. '0 3 * * 0'")
-    for command in (run, arts, sql, search, promote, serve):  # --root and --debug are accepted before or after the command
+    serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
+    for command in (run, arts, sql, search, promote, refresh, serve):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -84,6 +91,8 @@ def quiet_prefect_tracebacks() -> None:
 def _run(args) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
     cfg = load_config(args.config)
+    if args.nproc > 1:
+        return _run_data_parallel(args)
     from flows.pipeline import pipeline
     from storage import ArtifactStore, resolve_root
 
@@ -97,6 +106,19 @@ def _run(args) -> int:
         print((evaluation.path / "report.md").read_text(encoding="utf-8"))
         print(f"report: {evaluation.path / 'report.md'}")
     return 0
+
+
+def _run_data_parallel(args) -> int:
+    """`--nproc N`: the stage under torchrun (flows/ddp.py: rank 0 alone touches the store)."""
+    import subprocess
+
+    if not (args.stage or "").startswith("train:"):
+        raise ValueError(f"--nproc {args.nproc} runs one training stage (--stage train:NAME), not {args.stage or 'the pipeline'}")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
+            "-m", "flows.ddp", str(args.config.absolute()), "--stage", args.stage]
+    if args.root:
+        argv += ["--root", str(Path(args.root).absolute())]
+    return subprocess.run(argv, cwd=Path(__file__).resolve().parents[1]).returncode
 
 
 def _artifacts(args) -> int:
@@ -136,6 +158,7 @@ def _search(args) -> int:
     result = search(args.question, system=args.system, promoted=args.promoted, k=args.k, root=args.root,
                     config=args.config)
     encoder = f", encoder dense_model {result.encoder}" if result.encoder else ""
+    encoder += f", refreshed by corpus_refresh {result.refresh}" if result.refresh else ""
     print(f"{result.system} ({result.runs.stage} {result.runs.version}{encoder}): top {len(result.hits)} "
           f"for {result.question!r}")
     for hit in result.hits:
@@ -164,6 +187,30 @@ def _promote(args) -> int:
     return 0
 
 
+def _refresh(args) -> int:
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
+    cfg = load_config(args.config)
+    from flows.refresh import corpus_refresh
+    from tasks.refresh.locate import is_url
+
+    dump = args.dump
+    if dump and not is_url(dump):  # a path on the command line is relative to where it is typed
+        dump = str(Path(dump).expanduser().absolute())
+    summary = corpus_refresh(config=cfg, dump=dump, root=args.root)
+    if summary["up_to_date"]:
+        print(f"up to date: the corpus was built from {summary['dump']}; nothing written")
+        return 0
+    for stage, version in summary["versions"].items():
+        print(f"{stage:18s} {version}")
+    for level in ("documents", "passages"):
+        counts = summary[level]
+        print(f"{level:10s} " + ", ".join(f"{counts[c]:,} {c}" for c in ("new", "changed", "deleted", "unchanged")))
+    if summary.get("reencoded") is not None:
+        print(f"re-encoded {summary['reencoded']:,} passages")
+    print(f"report: {summary['report']}")
+    return 0
+
+
 def _serve(args) -> int:
     from flows.serve import serve_pipeline
 
@@ -171,7 +218,8 @@ def _serve(args) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "serve": _serve}
+COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote,
+            "refresh": _refresh, "serve": _serve}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,9 @@ A system is found through its runs artifact (`bm25_runs`, `dense_runs` or `hybri
 artifact's manifest records exactly how its runs were made (the BM25 index and its k1/b; the
 encoder, its encode settings and the FAISS index; the fused runs and their weights), so a search
 here ranks a new question the way the pipeline ranked its own questions. For a question of the
-question set, the results are the pipeline's run for it (the tests hold them to that).
+question set, the results are the pipeline's run for it (the tests hold them to that). After a
+corpus refresh (`pforge refresh`), the same recipe runs over the refreshed indexes: the newest
+BM25 and FAISS index that refreshes made from the ones the runs record (tasks/refresh/state.py).
 
     >>> from flows.search import search
     >>> result = search("Which team won Super Bowl 50?", system="bm25", k=5)
@@ -46,6 +48,7 @@ class SearchResult:
     runs: Artifact                 # the runs artifact whose recipe ranked the question
     hits: list[Hit] = field(default_factory=list)
     encoder: str | None = None     # dense_model version behind a dense system, when it has one
+    refresh: str | None = None     # the corpus_refresh version whose indexes served, when one did
 
 
 def search(question: str, system: str | None = None, *, promoted: bool = False, k: int = 10,
@@ -78,9 +81,11 @@ def search(question: str, system: str | None = None, *, promoted: bool = False, 
             runs = _system_runs(store, "bm25", cfg, planned)
     else:
         runs = _system_runs(store, system or "bm25", cfg, planned)
-    table = _Searcher(store, planned).run(runs, question, k)
-    hits = _hits(store, runs, table)
-    return SearchResult(question=question, system=_system_name(runs), runs=runs, hits=hits, encoder=_encoder_of(runs))
+    searcher = _Searcher(store, planned)
+    table = searcher.run(runs, question, k)
+    hits = _hits(store, searcher.passages or [_passages_of(store, runs)], table)
+    return SearchResult(question=question, system=_system_name(runs), runs=runs, hits=hits, encoder=_encoder_of(runs),
+                        refresh=max(searcher.refreshes, default=None, key=_refresh_order(store)))
 
 
 # ------------------------------------------------------------------------------- promotion
@@ -235,11 +240,32 @@ _LOADED: dict[tuple[str, str], tuple] = {}
 _KEEP_LOADED = 2
 
 class _Searcher:
-    """Ranks one question with the recipe a runs artifact records (a fusion: each of its parts)."""
+    """Ranks one question with the recipe a runs artifact records (a fusion: each of its parts),
+    over the newest refresh of the indexes it records. Remembers the passages behind each index
+    it searched (for the hits' text) and the refreshes that made them."""
 
     def __init__(self, store: ArtifactStore, planned: Mapping):
+        from tasks.refresh.state import RefreshChain
+
         self.store = store
         self.planned = planned
+        self.chain = RefreshChain(store)
+        self.passages: list[Artifact] = []
+        self.refreshes: set[str] = set()
+
+    def _serving(self, index: Artifact) -> Artifact:
+        """The newest refresh of `index`; records its passages and the refresh that made it."""
+        from tasks.refresh.state import input_of, passages_of
+
+        served = self.chain.head(index)
+        made_by = self.chain.made_by(served)
+        if made_by is not None:
+            self.refreshes.add(made_by)
+        vectors = input_of(self.store, served, "embeddings", key="embeddings") if served.stage == "faiss_index" else served
+        passages = passages_of(self.store, vectors)
+        if all(p.version != passages.version for p in self.passages):
+            self.passages.append(passages)
+        return served
 
     def run(self, runs: Artifact, question: str, k: int) -> pa.Table:
         kind = {"bm25_runs": self._bm25, "dense_runs": self._dense, "hybrid_runs": self._fused}.get(runs.stage)
@@ -251,7 +277,7 @@ class _Searcher:
         from tasks.bm25.search import bm25_search
 
         params = runs.manifest["parameters"]
-        index = _input(self.store, runs, "bm25_index")
+        index = self._serving(_input(self.store, runs, "bm25_index"))
         return bm25_search(index.subdir("index"), [("q", question)], k=k, k1=params["k1"], b=params["b"],
                            threads=1, system=_system_name(runs))
 
@@ -268,20 +294,27 @@ class _Searcher:
                                "that the store does not record: pass --config with the config that ran it")
         settings = EncodeSettings(**params["settings"])
         device = "cpu" if settings.int8 else resolve_device(stage.params.device if stage is not None else "auto")
-        key = (str(runs.path), device)
-        if key not in _LOADED:  # the encoder, the index and its row -> pid map, kept for the next question
+        served = self._serving(_input(self.store, runs, _input_key(runs, "faiss_index")))
+        key = (str(runs.path), str(served.path), device)
+        if key not in _LOADED:  # the encoder, the index and its id -> pid map, kept for the next question
+            from tasks.refresh.faiss_update import IDS_TABLE, pids_by_id
+
             inputs = {}
             if origin.model_input is not None:
                 inputs[origin.model_input] = _input(self.store, runs, origin.model_input)
             model = for_inference(origin.load(inputs), device, settings.int8)
-            embeddings = _input(self.store, runs, _input_key(runs, "embeddings"))
-            index = faiss_index.load_index(_input(self.store, runs, _input_key(runs, "faiss_index")).subdir("index"))
+            index = faiss_index.load_index(served.subdir("index"))
+            if IDS_TABLE in served.tables:  # a refreshed index: ids mapped to pids, not rows
+                pids, by_id = pids_by_id(served.read_table(IDS_TABLE)), True
+            else:
+                embeddings = _input(self.store, runs, _input_key(runs, "embeddings"))
+                pids, by_id = embeddings.read_table(columns=["pid"]).column("pid"), False
             while len(_LOADED) >= _KEEP_LOADED:
                 _LOADED.pop(next(iter(_LOADED)))
-            _LOADED[key] = (model, index, embeddings.read_table(columns=["pid"]).column("pid"))
-        model, index, pids = _LOADED[key]
+            _LOADED[key] = (model, index, pids, by_id)
+        model, index, pids, by_id = _LOADED[key]
         vectors = settings.encode(model, [question], "query", device)
-        return faiss_index.search(index, vectors.astype("float32"), k, pids, ["q"], system=_system_name(runs))
+        return faiss_index.search(index, vectors.astype("float32"), k, pids, ["q"], system=_system_name(runs), by_id=by_id)
 
     def _fused(self, runs: Artifact, question: str, k: int) -> pa.Table:
         from tasks.dense.hybrid import fuse_linear, reciprocal_rank_fusion
@@ -306,17 +339,30 @@ def _passages_of(store: ArtifactStore, runs: Artifact) -> Artifact:
     raise RuntimeError(f"{runs.path}: no passages artifact in its lineage")
 
 
-def _hits(store: ArtifactStore, runs: Artifact, table: pa.Table) -> list[Hit]:
+def _refresh_order(store: ArtifactStore):
+    def created(version: str) -> str:
+        artifact = store.get("corpus_refresh", version)
+        return artifact.manifest["created_at"] if artifact is not None else ""
+    return created
+
+
+def _hits(store: ArtifactStore, sources: list[Artifact], table: pa.Table) -> list[Hit]:
+    """The ranked pids with their passages, looked up in `sources` (the passages behind the indexes
+    searched; the first that holds a pid describes it)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     if table.num_rows == 0:
         return []
     pids = table.column("pid").to_pylist()
-    passages = _passages_of(store, runs)
-    found = ds.dataset([str(f) for f in passages.table_files()], format="parquet").to_table(
-        columns=["pid", "doc_id", "title", "text"], filter=pc.field("pid").isin(pids))
-    by_pid = {row["pid"]: row for row in found.to_pylist()}
+    by_pid: dict = {}
+    for passages in sources:
+        wanted = [pid for pid in pids if pid not in by_pid]
+        if not wanted:
+            break
+        found = ds.dataset([str(f) for f in passages.table_files()], format="parquet").to_table(
+            columns=["pid", "doc_id", "title", "text"], filter=pc.field("pid").isin(wanted))
+        by_pid.update({row["pid"]: row for row in found.to_pylist()})
     hits = []
     for pid, rank, score in zip(pids, table.column("rank").to_pylist(), table.column("score").to_pylist()):
         row = by_pid.get(pid, {"doc_id": "", "title": "", "text": ""})

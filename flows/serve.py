@@ -6,16 +6,17 @@ from pathlib import Path
 from prefect import serve
 
 from flows.pipeline import pipeline
+from flows.refresh import corpus_refresh
 from flows.registry import plan_for
 from storage import resolve_root
 from tasks.config import load_config
 
 
 def build_deployments(config_paths: list[Path], root: str | None = None, cron: str | None = None) -> list:
-    """One deployment for the whole pipeline per config (optionally on a cron: corpus refresh)
-    and one per stage, each with the config as a typed parameter the UI renders as a form. The
-    artifact root is resolved now, so scheduled runs write where the server was told, not under
-    the serving process's working directory."""
+    """One deployment for the whole pipeline per config (optionally on a cron), one per stage, and
+    NAME--corpus-refresh (on the config's refresh.cron when set), each with the config as a typed
+    parameter the UI renders as a form. The artifact root is resolved now, so scheduled runs write
+    where the server was told, not under the serving process's working directory."""
     store_root = str(resolve_root(root))
     deployments = []
     for path in config_paths:
@@ -28,6 +29,10 @@ def build_deployments(config_paths: list[Path], root: str | None = None, cron: s
             deployments.append(pipeline.to_deployment(
                 name=f"{cfg.name}--{stage}", parameters={**base, "stage": stage}, tags=["passage-forge", "stage"],
                 description=f"Rerun stage {stage} of {path} on its latest upstream artifacts"))
+        deployments.append(corpus_refresh.to_deployment(
+            name=f"{cfg.name}--corpus-refresh", parameters={**base, "dump": cfg.refresh.dump}, cron=cfg.refresh.cron,
+            tags=["passage-forge", "refresh", cfg.name],
+            description=f"Refresh the corpus of {path} from a newer dump (dump: a path, a glob or a URL with {{date}})"))
     return deployments
 
 

@@ -1,6 +1,7 @@
-"""Thin Prefect layer over the engine: one task per stage; the evaluation also publishes its
-report and metrics as Prefect artifacts, before its folder is committed (a failed publication
-registers nothing)."""
+"""Thin Prefect layer over the engine: one task per stage. While it runs, the stage's progress
+reports feed a Prefect progress artifact; once built, its summary is a markdown artifact. The
+evaluation also publishes its report and metrics as Prefect artifacts before its folder is
+committed (a failed publication registers nothing)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,15 +10,17 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.ui_artifacts import StageProgress, artifact_key, publish_summary
 from storage import Artifact, ArtifactStore
 from tasks.engine import Stage, run_stage
+from tasks.progress import listening
 
 
 def _publish_evaluation(config_name: str):
     def publish(out: Path) -> None:
         import pyarrow.parquet as pq
 
-        key = f"{config_name}-evaluation".lower().replace("_", "-")
+        key = artifact_key(config_name, "evaluation")
         create_markdown_artifact(key=key, markdown=(out / "report.md").read_text(encoding="utf-8"),
                                  description=f"evaluation report of {config_name}")
         metrics = pq.read_table(out / "data" / "metrics").to_pylist()
@@ -30,6 +33,10 @@ def stage_task(stage: Stage, config_name: str):
     @task(name=stage.name, cache_policy=NO_CACHE, retries=0)
     def run(store: ArtifactStore, inputs: dict[str, Artifact]) -> Artifact:
         publish = _publish_evaluation(config_name) if stage.name == "evaluate" else None
-        return run_stage(store, stage, inputs, before_commit=publish)
+        key = artifact_key(config_name, stage.name)
+        with listening(StageProgress(f"{key}-progress", stage.name)):
+            artifact = run_stage(store, stage, inputs, before_commit=publish)
+        publish_summary(f"{key}-summary", stage.name, artifact)
+        return artifact
 
     return run

@@ -1,36 +1,89 @@
 """Resumable sharded output: each finished shard is renamed into a work folder, so a killed build
-that starts again at the same version computes only the shards it lacks."""
+that starts again at the same version computes only the shards it lacks.
+
+Shards may compute anywhere: `build_shards` takes a `runner` (tasks/runners.py makes one from the
+config) that runs `compute_shard` calls in threads or on other processes. Whoever computes a shard
+writes it, whole, into the work folder; the build lists the files in shard order, so the output
+is the same bytes whichever runner ran it."""
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+#: runner(fn, calls, names): runs fn(*call) for each call (names label them, e.g. in the UI) and
+#: yields each call's index as it finishes; a failed call raises.
+Runner = Callable[[Callable, list[tuple], list[str]], Iterator[int]]
 
 
 def shard_path(work: Path, index: int) -> Path:
     return work / f"shard-{index:05d}.parquet"
 
 
-def build_shards(work: Path, n_shards: int, compute: Callable[[int], pa.Table],
-                 on_shard: Callable[[int, bool], None] | None = None) -> list[Path]:
-    """Shard i is `compute(i)`, written once: an existing shard file is kept (a resumed build).
-    `on_shard(i, reused)` reports each shard. Returns the shard files in order."""
-    files = []
-    for i in range(n_shards):
-        path = shard_path(work, i)
-        reused = path.exists()
-        if not reused:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-            pq.write_table(compute(i), tmp)
-            os.replace(tmp, path)  # a shard is there whole or not at all
-        files.append(path)
-        if on_shard is not None:
-            on_shard(i, reused)
+def write_shard(path: Path, table: pa.Table) -> Path:
+    # pid and thread in the name: shards of one build may be written by threads of one process
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # a shard is there whole or not at all
+    return path
+
+
+def compute_shard(compute: Callable[[Any], pa.Table], spec: Any, path: Path) -> Path:
+    """What a runner runs for one shard (in any process): compute its table and write it."""
+    return write_shard(path, compute(spec))
+
+
+def build_shards(work: Path, shards: int | Sequence[Any], compute: Callable[[Any], pa.Table],
+                 on_shard: Callable[[int, bool], None] | None = None, runner: Runner | None = None,
+                 label: str = "shard") -> list[Path]:
+    """Shard i is `compute(i)` (`shards` a count) or `compute(shards[i])` (each shard's own input),
+    written once: an existing shard file is kept (a resumed build). Without a runner the shards
+    compute here, in order. With one, `compute` and the shard inputs travel to its workers, so
+    they are picklable and small: a module-level function (or a partial of one) that loads its
+    model once per process, and the shard's own rows. `on_shard(i, reused)` reports each shard
+    (with a runner, as it finishes). Returns the shard files in order."""
+    specs = range(shards) if isinstance(shards, int) else shards
+    files = [shard_path(work, i) for i in range(len(specs))]
+    if runner is None:
+        for i, path in enumerate(files):
+            reused = path.exists()
+            if not reused:
+                write_shard(path, compute(specs[i]))
+            if on_shard is not None:
+                on_shard(i, reused)
+        return files
+    todo = [i for i, path in enumerate(files) if not path.exists()]
+    if on_shard is not None:
+        for i in sorted(set(range(len(files))) - set(todo)):
+            on_shard(i, True)
+    if todo:
+        calls = [(compute, specs[i], files[i]) for i in todo]
+        names = [f"{label} {i + 1}/{len(files)}" for i in todo]
+        for k in runner(compute_shard, calls, names):
+            if on_shard is not None:
+                on_shard(todo[k], False)
     return files
+
+
+def read_rows(path: Path, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
+    """Rows [start, stop) of a Parquet file, reading only the row groups that hold them (a
+    worker reads its own shard of a large table)."""
+    f = pq.ParquetFile(path, pre_buffer=False)
+    groups, offset, first = [], 0, 0
+    for g in range(f.metadata.num_row_groups):
+        n = f.metadata.row_group(g).num_rows
+        if offset < stop and offset + n > start:
+            first = offset if not groups else first
+            groups.append(g)
+        offset += n
+    if not groups:
+        return f.schema_arrow.empty_table().select(columns) if columns else f.schema_arrow.empty_table()
+    return f.read_row_groups(groups, columns=columns).slice(start - first, stop - start)
 
 
 def move_shards_into(files: list[Path], out: Path) -> None:

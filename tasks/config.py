@@ -17,6 +17,8 @@ from tasks.qgen.stages import QgenConfig
 from tasks.pretrain.stages import PretrainConfig, check_pretrain_config
 from tasks.rerank.stages import RerankConfig
 from tasks.silver.stages import CrossEncoderConfig, SilverConfig
+from tasks.refresh.config import RefreshConfig
+from tasks.runners import RunnerConfig
 from tasks.readers.stages import PROJECT_ROOT, BeirSource, DataConfig, QaFile, QaSource, SplitConfig, SquadSource
 from tasks.training.stages import DenseTrainConfig
 
@@ -94,6 +96,11 @@ class PipelineConfig(_Strict):
         None, description="paper 001's cross-attention classifier: silver labels, reranking, false-negative filtering")
     silver: SilverConfig = Field(default_factory=SilverConfig, description="silver pairs (systems training on pairs: silver)")
     rerank: list[RerankConfig] = Field(default_factory=list, description="systems reranked by the cross_encoder")
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig, description=(
+        "corpus refresh (`pforge refresh`, the NAME--corpus-refresh deployment): the newer dump and its schedule"))
+    runner: RunnerConfig = Field(default_factory=RunnerConfig, description=(
+        "where shard-parallel stages (encoding, query generation, cross-encoder scoring) compute their shards: "
+        "local, threads, or dask (a local cluster, or a remote scheduler's address); changes no version"))
     # The folder of the YAML file (relative init_from paths and config references start there).
     _config_dir: Optional[Path] = PrivateAttr(default=None)
 

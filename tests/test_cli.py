@@ -97,3 +97,20 @@ def test_a_reader_holding_the_catalog_open_does_not_block_a_whole_run(prefect_ha
     finally:
         reader.kill()
         reader.wait(10)
+
+
+@pytest.mark.parametrize("stage", [None, "chunk"])
+def test_nproc_runs_only_a_training_stage(stage, tmp_path, capsys):
+    argv = ["run", str(PROJECT_ROOT / "configs" / "tiny.yaml"), "--nproc", "2", "--root", str(tmp_path)]
+    assert main(argv + (["--stage", stage] if stage else [])) == 2
+    assert "--nproc 2 runs one training stage (--stage train:NAME)" in capsys.readouterr().err
+    assert not (tmp_path / "catalog.duckdb").exists()
+
+
+def test_nproc_launches_flows_ddp_under_torchrun(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, cwd: launched.append(argv) or subprocess.CompletedProcess(argv, 0))
+    config = PROJECT_ROOT / "configs" / "dpr.yaml"
+    assert main(["run", str(config), "--stage", "train:dpr", "--nproc", "2", "--root", str(tmp_path)]) == 0
+    assert launched == [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                         "-m", "flows.ddp", str(config), "--stage", "train:dpr", "--root", str(tmp_path)]]

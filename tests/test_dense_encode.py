@@ -150,7 +150,11 @@ def test_encode_stage_writes_shards_that_match_one_pass(tmp_path, checkpoint):
             batch_size=4, device="cpu", shard_size=shard_size)))
         out = tmp_path / name
         stage = plan_for(cfg)["encode:tiny"]
-        stats = stage.build(stage.params, {"chunk": chunk}, out)["stats"]
+        assert stage.resumable  # finished shards are kept in a work folder across a killed build
+        work = tmp_path / f"{name}-work"
+        work.mkdir()
+        stats = stage.build(stage.params, {"chunk": chunk}, out, work)["stats"]
+        assert stats["shards"] == -(-11 // shard_size)
         return stats, sorted(out.rglob("*.parquet"))
 
     one_stats, one_files = build(100, "one")

@@ -14,7 +14,7 @@ CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem 
 # What may stay out of a version: where and how fast a stage computes, never what it computes.
 RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths",
                    "origin.init_path", "dense_origin.init_path", "config.device",
-                   "config.shard_size"}
+                   "config.shard_size", "runner"}
 
 
 def _config(**changes) -> PipelineConfig:
@@ -68,6 +68,11 @@ CASES = [
     ("pairs:silver", {"silver.threshold": 0.6}, {"cross_encoder.train.lr": 1e-4}),
     ("pairs:silver", {"silver.retriever": "zs"}, {"silver.shard_size": 10}),
     ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"rerank.0.shard_questions": 10}),
+    # Where shards compute (runner:) is never part of a version.
+    ("encode:zs", {"dense.encode.dtype": "float16"}, {"runner.kind": "dask"}),
+    ("search:zs", {"dense.encode.query_max_len": 16}, {"runner.kind": "threads"}),
+    ("pairs:silver", {"silver.top_k": 5}, {"runner.workers": 4}),
+    ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"runner.kind": "dask"}),
 ]
 
 

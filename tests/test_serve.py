@@ -10,9 +10,10 @@ def test_pipeline_and_each_stage_are_deployments_with_typed_config_forms():
     deployments = build_deployments([PROJECT_ROOT / "configs" / "tiny.yaml"], root="/tmp/x", cron="0 3 * * 0")
     stages = plan_for(load_config(PROJECT_ROOT / "configs" / "tiny.yaml")).names()
     names = [d.name for d in deployments]
-    assert names == ["tiny"] + [f"tiny--{stage}" for stage in stages]
+    assert names == ["tiny"] + [f"tiny--{stage}" for stage in stages] + ["tiny--corpus-refresh"]
     full = deployments[0]
     assert full.schedules and full.schedules[0].schedule.cron == "0 3 * * 0"
+    assert not deployments[-1].schedules  # tiny.yaml sets no refresh.cron: the refresh runs on demand
     schema = parameter_schema(pipeline).model_dump()
     config_ref = schema["properties"]["config"]
     # The pydantic config model renders as a typed form (a JSON-schema object with its fields).
@@ -42,3 +43,21 @@ def test_deployments_carry_an_absolute_root_when_none_is_given(tmp_path, monkeyp
     monkeypatch.delenv("PFORGE_HOME", raising=False)
     deployments = build_deployments([PROJECT_ROOT / "configs" / "tiny.yaml"], cron="0 3 * * 0")
     assert {d.parameters["root"] for d in deployments} == {str(tmp_path / "artifacts")}
+
+
+def test_corpus_refresh_is_a_deployment_on_the_configs_cron_with_a_typed_form(tmp_path):
+    from flows.refresh import corpus_refresh
+
+    config = tmp_path / "weekly.yaml"
+    config.write_text(f"extends: {PROJECT_ROOT / 'configs' / 'tiny.yaml'}\nname: weekly\n"
+                      "refresh: {cron: '0 4 * * 1', dump: 'wikipedia/enwiki-*-pages-articles1.xml*.bz2'}\n")
+    deployments = {d.name: d for d in build_deployments([config], root="/tmp/x")}
+    refresh = deployments["weekly--corpus-refresh"]
+    assert refresh.schedules[0].schedule.cron == "0 4 * * 1"
+    assert refresh.parameters["dump"] == "wikipedia/enwiki-*-pages-articles1.xml*.bz2"
+    assert refresh.parameters["root"] == "/tmp/x" and refresh.parameters["config"]["name"] == "weekly"
+    assert not deployments["weekly"].schedules  # the pipeline itself keeps to --cron
+    schema = parameter_schema(corpus_refresh).model_dump()
+    assert schema["properties"]["dump"]["default"] is None
+    fields = schema["definitions"]["RefreshConfig"]["properties"]
+    assert fields["cron"]["description"] and fields["dense"]["default"] is True

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .distributed import gather_rows
+
 
 class EmbeddingLoss(nn.Module):
     """Base: encodes the batches with `model.encode_query` / `model.encode_passage`.
@@ -16,6 +18,9 @@ class EmbeddingLoss(nn.Module):
     question i (N per question). The scale comes from `model.similarity_scale` unless given.
     `uses_weights` says whether the loss consumes per-example weights: the trainer hands the
     batch's weights only to a loss that does, and refuses weighted examples for one that does not.
+    Under DDP (torchrun) `forward` gathers every rank's vectors and weights first
+    (models/losses/distributed.py): the in-batch negatives are the global batch's, and every rank
+    computes the loss of the whole global batch.
     """
 
     uses_weights: ClassVar[bool] = False
@@ -41,6 +46,7 @@ class EmbeddingLoss(nn.Module):
         q = self.model.encode_query(query_batch)
         p = self.model.encode_passage(passage_batch)
         n = self.model.encode_passage(negative_batch) if negative_batch is not None else None
+        q, p, n, weights = (gather_rows(t) for t in (q, p, n, weights))  # identity in one process
         return self.compute_loss_from_embeddings(q, p, negatives=n, weights=weights)
 
     def compute_loss_from_embeddings(

@@ -34,6 +34,11 @@ def _batches(passages: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch]) -> 
         yield from passages
 
 
+def passage_contents(title: str | None, text: str | None) -> str:
+    """What a passage's Lucene document holds in its `contents` field: the title, then the text."""
+    return f"{title}\n{text or ''}" if title else (text or "")
+
+
 def write_json_collection(passages, folder: Path, n_files: int = 1,
                           progress: Callable[[int], None] | None = None) -> int:
     """Write passages as JsonCollection jsonl files (round-robin over ``n_files``); returns the count."""
@@ -58,10 +63,8 @@ def write_json_collection(passages, folder: Path, n_files: int = 1,
             texts = batch.column(names.index("text")).to_pylist()
             titles = (batch.column(names.index("title")).to_pylist() if "title" in names
                       else [None] * len(pids))
-            lines = []
-            for pid, title, text in zip(pids, titles, texts):
-                contents = f"{title}\n{text or ''}" if title else (text or "")
-                lines.append(dumps({"id": str(pid), "contents": contents}))
+            lines = [dumps({"id": str(pid), "contents": passage_contents(title, text)})
+                     for pid, title, text in zip(pids, titles, texts)]
             # Spread contiguous slices over the files so each indexing thread gets a share.
             step = -(-len(lines) // n_files) if lines else 0
             for i, f in enumerate(files):

@@ -15,6 +15,7 @@ from tasks.chunking.chunker import chunk_documents
 from tasks.engine import Stage, StageParams
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
+from tasks.progress import report
 
 logger = logging.getLogger("passage_forge")
 
@@ -39,8 +40,11 @@ def build_passages(params: ChunkParams, inputs: dict[str, Artifact], out: Path) 
 
     writer = ParquetTableWriter(out, schemas.PASSAGES)
     table = inputs["ingest_documents"].read_table()
+    done = 0
     for batch in table.to_batches(max_chunksize=1_000):
         writer.write_batch(list(chunk_documents(batch.to_pylist(), params.words, params.stride)))
+        done += batch.num_rows
+        report("chunk: documents", done, table.num_rows)
     seen: dict[str, str] = {}
     for path in params.tsv_paths:
         batch = []

@@ -97,10 +97,17 @@ def build_index(
 
 
 def index_params(index: faiss.Index) -> dict:
-    """Describe an index (kind, metric, dimension, size and its kind's parameters)."""
+    """Describe an index (kind, metric, dimension, size and its kind's parameters). An id-mapped
+    index (a corpus refresh's) is described by the index it wraps, with `id_map: true`."""
     idx = faiss.downcast_index(index)
+    id_map = isinstance(idx, faiss.IndexIDMap)
+    ntotal = int(idx.ntotal)
+    if id_map:
+        idx = faiss.downcast_index(idx.index)
     metric = "ip" if idx.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
-    params: dict = {"d": idx.d, "ntotal": int(idx.ntotal), "metric": metric}
+    params: dict = {"d": idx.d, "ntotal": ntotal, "metric": metric}
+    if id_map:
+        params["id_map"] = True
     if isinstance(idx, faiss.IndexHNSWFlat):
         params.update(kind="hnsw", hnsw_m=int(idx.hnsw.nb_neighbors(1)),
                       ef_construction=int(idx.hnsw.efConstruction), ef_search=int(idx.hnsw.efSearch))
@@ -135,10 +142,11 @@ def load_index(directory: str | Path) -> faiss.Index:
     directory = Path(directory)
     index = faiss.read_index(str(directory / INDEX_FILE))  # concrete type, owns its memory
     params = load_params(directory)
-    if isinstance(index, faiss.IndexHNSWFlat) and "ef_search" in params:
-        index.hnsw.efSearch = int(params["ef_search"])
-    if isinstance(index, faiss.IndexIVFPQ) and "nprobe" in params:
-        index.nprobe = int(params["nprobe"])
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if isinstance(inner, faiss.IndexHNSWFlat) and "ef_search" in params:
+        inner.hnsw.efSearch = int(params["ef_search"])
+    if isinstance(inner, faiss.IndexIVFPQ) and "nprobe" in params:
+        inner.nprobe = int(params["nprobe"])
     return index
 
 
@@ -152,11 +160,13 @@ def search(
     ef_search: int | None = None,
     nprobe: int | None = None,
     batch_size: int = 4096,
+    by_id: bool = False,
 ) -> pa.Table:
     """Top-``k`` search; returns a RUNS table (rank 1..k per question, -1 ids skipped).
 
-    ``pids[i]`` names index row i. ``ef_search`` (HNSW) / ``nprobe`` (IVF) override the index's
-    setting for this call only.
+    ``pids[i]`` names index row i; with ``by_id``, the vector with id i (an id-mapped index, e.g. a
+    corpus refresh's: null where no vector has that id). ``ef_search`` (HNSW) / ``nprobe`` (IVF)
+    override the index's setting for this call only.
     """
     q = _as_f32(query_vectors)
     if len(qids) != q.shape[0]:
@@ -164,12 +174,13 @@ def search(
     if k < 1:
         raise ValueError("k must be >= 1")
     idx = faiss.downcast_index(index)
-    if len(pids) != idx.ntotal:
+    if not by_id and len(pids) != idx.ntotal:
         raise ValueError(f"{len(pids)} pids for an index of {idx.ntotal} vectors")
+    inner = faiss.downcast_index(idx.index) if isinstance(idx, faiss.IndexIDMap) else idx
     params = None
-    if ef_search is not None and isinstance(idx, faiss.IndexHNSW):
+    if ef_search is not None and isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW(efSearch=int(ef_search))
-    elif nprobe is not None and isinstance(idx, faiss.IndexIVF):
+    elif nprobe is not None and isinstance(inner, faiss.IndexIVF):
         params = faiss.SearchParametersIVF(nprobe=int(nprobe))
     k_eff = min(k, max(int(idx.ntotal), 1))
     d_parts, i_parts = [], []

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -24,6 +26,7 @@ from tasks.engine import Pinned, Stage, StageParams
 QUERY_VECTORS = "query_vectors"
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
+from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
 
 logger = logging.getLogger("passage_forge")
 
@@ -88,11 +91,19 @@ class Origin(BaseModel):
     init_path: Optional[str] = None         # a folder on this machine (not hashed: init_hash is)
     init_hash: Optional[str] = None
 
+    def folder(self, inputs: dict[str, Artifact]) -> Optional[Path]:
+        """The weights' folder (None: the base checkpoint of the model section)."""
+        if self.model_input is not None:
+            return inputs[self.model_input].subdir("model")
+        return Path(self.init_path) if self.init_path is not None else None
+
     def load(self, inputs: dict[str, Artifact]):
-        if self.model_input is not None or self.init_path is not None:
+        return self.load_from(self.folder(inputs))
+
+    def load_from(self, path: Optional[Path]):
+        if path is not None:
             from models.bi_encoder import CONFIG_NAME
 
-            path = inputs[self.model_input].subdir("model") if self.model_input is not None else Path(self.init_path)
             # A saved bi-encoder keeps its own towers; an exported or plain HF folder (a pretrain
             # stage's base checkpoint) is a backbone under this system's model section.
             return load_bi_encoder(self.model, path) if (path / CONFIG_NAME).is_file() else \
@@ -132,12 +143,13 @@ def origin_of(system, cfg_dir: Path | None = None, trained: bool = True) -> tupl
 
 # ---------------------------------------------------------------- encode, index, search
 class EncodeParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size", "origin.init_path"})
+    RUNTIME = frozenset({"device", "shard_size", "origin.init_path", "runner"})
     system: str
     origin: Origin
     settings: EncodeSettings
     device: str
     shard_size: int
+    runner: RunnerConfig = LOCAL
 
 
 class IndexParams(StageParams):
@@ -157,33 +169,54 @@ def _log(message: str) -> None:
     logger.info(message)
 
 
-def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    """Encode the passages shard by shard (`shard_size` rows read, tokenised and written at a
-    time), so memory is bounded by a shard, not by the corpus."""
-    import pyarrow.parquet as pq
+@dataclass(frozen=True)
+class _EncodeJob:
+    """What every encode shard shares (small and picklable: it travels to the runner's workers)."""
+    origin: Origin
+    folder: Optional[str]
+    settings: EncodeSettings
+    device: str       # as configured: 'auto' resolves on the worker, which may have a GPU
+    total: int
 
-    from storage.parquet import ParquetTableWriter
+
+def _encode_shard(job: _EncodeJob, spec: tuple[str, int, int, int]):
+    """Shard (file, start, stop, rows before it): its passages' vectors, as an embeddings table."""
+    from storage.shards import read_rows
     from tasks.dense.encode import embeddings_table
 
-    device = resolve_device(params.device)
-    files = inputs["chunk"].table_files()
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    model = for_inference(params.origin.load(inputs), device, params.settings.int8)
-    writer, done, dim = None, 0, 0
-    for f in files:
-        # pre_buffer=False: the default keeps every column chunk read until the file closes
-        for shard in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=params.shard_size,
-                                                                      columns=["pid", "title", "text"]):
-            pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
-            vectors = params.settings.encode(model, pairs, "passage", device, done=done, total=total, log=_log)
-            table = embeddings_table(shard.column("pid").to_pylist(), vectors)
-            writer = writer or ParquetTableWriter(out, table.schema)
-            writer.write_batch(table)
-            done, dim = done + len(pairs), int(vectors.shape[1])
-    if writer is None:
+    path, start, stop, done = spec
+    device = resolve_device(job.device)
+    model = worker_cached(("bi_encoder", job.origin.model_dump_json(), job.folder, device, job.settings.int8),
+                          lambda: for_inference(job.origin.load_from(job.folder and Path(job.folder)), device,
+                                                job.settings.int8))
+    rows = read_rows(Path(path), start, stop, ["pid", "title", "text"])
+    pairs = list(zip(rows.column("title").to_pylist(), rows.column("text").to_pylist()))
+    vectors = job.settings.encode(model, pairs, "passage", device, done=done, total=job.total, log=_log)
+    return embeddings_table(rows.column("pid").to_pylist(), vectors)
+
+
+def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+    """Encode the passages in resumable shards of `shard_size` rows (each read, tokenised and
+    written at a time, so memory is bounded by a shard, not by the corpus), computed where
+    `runner` says."""
+    import pyarrow.parquet as pq
+
+    from storage.shards import move_shards_into
+
+    specs, total = [], 0
+    for f in inputs["chunk"].table_files():
+        rows = pq.ParquetFile(f).metadata.num_rows
+        specs += [(str(f), start, min(start + params.shard_size, rows), total + start)
+                  for start in range(0, rows, params.shard_size)]
+        total += rows
+    if not specs:
         raise ValueError("encode: the passages table is empty")
-    writer.close()
-    return {"stats": {"passages": done, "dim": dim, "shard_size": params.shard_size}}
+    folder = params.origin.folder(inputs)
+    job = _EncodeJob(params.origin, str(folder) if folder else None, params.settings, params.device, total)
+    files = run_shards(params.runner, work, specs, partial(_encode_shard, job), label=f"encode:{params.system}")
+    move_shards_into(files, out)
+    dim = pq.read_schema(files[0]).field("vector").type.list_size
+    return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files)}}
 
 
 def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -226,8 +259,8 @@ def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -
 
 def _renamed(build, **keys):
     """`build` with inputs also reachable under generic keys (e.g. 'encode' for 'encode:NAME')."""
-    def run(params, inputs, out):
-        return build(params, {**inputs, **{alias: inputs[name] for alias, name in keys.items()}}, out)
+    def run(params, inputs, out, *work):
+        return build(params, {**inputs, **{alias: inputs[name] for alias, name in keys.items()}}, out, *work)
     return run
 
 
@@ -242,10 +275,10 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         n = system.name
         origin, model_stages, pinned = origin_of(system, cfg.config_dir)
         common = dict(system=n, origin=origin, settings=settings, device=enc.device,
-                      shard_size=enc.shard_size)
+                      shard_size=enc.shard_size, runner=cfg.runner)
         variant = {"system": n}
         out.append(Stage(f"encode:{n}", "embeddings", "2", ("chunk", *model_stages), EncodeParams(**common),
-                         _renamed(build_encode), pinned=pinned, variant=variant))
+                         _renamed(build_encode), pinned=pinned, variant=variant, resumable=True))
         out.append(Stage(f"index:{n}", "faiss_index", "1", (f"encode:{n}",), IndexParams(**cfg.dense.index.model_dump()),
                          _renamed(build_index, encode=f"encode:{n}"), variant=variant))
         out.append(Stage(f"search:{n}", "dense_runs", "3", ("ingest_questions", f"encode:{n}", f"index:{n}", *model_stages),

@@ -8,6 +8,9 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import threading
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -18,11 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage import Artifact
 from storage.parquet import write_table
-from storage.shards import build_shards, move_shards_into
+from storage.shards import move_shards_into
 from tasks import schemas
 from tasks.engine import Stage, StageParams
 from tasks.progress import progress_logger
 from tasks.qgen.finetune import GeneratorTrainArgs
+from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
 
 logger = logging.getLogger("passage_forge")
 
@@ -75,13 +79,14 @@ class FinetuneParams(StageParams):
 
 
 class GenerateParams(StageParams):
-    RUNTIME = frozenset({"generate.device"})
+    RUNTIME = frozenset({"generate.device", "runner"})
     generator: str
     kind: str
     prefix: Optional[str]
     model_input: Optional[str]   # qgen_model when fine-tuned
     generate: GenerateConfig
     quality_split: str           # the gold questions the generated ones are compared with
+    runner: RunnerConfig = LOCAL
 
 
 class SyntheticPairsParams(StageParams):
@@ -144,9 +149,46 @@ def docs_of_splits(questions: pa.Table, splits: list[str]) -> frozenset[str]:
                      if s in splits and d is not None)
 
 
-def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+@dataclass(frozen=True)
+class _GenerateJob:
+    """What every generation shard shares (small and picklable: it travels to the runner's workers)."""
+    source: str              # the generator: a fine-tuned model folder, or a name
+    kind: str
+    prefix: Optional[str]
+    generate: GenerateConfig
+    n_shards: int
+
+
+# Sampling draws from torch's global RNG (seeded per shard): two shards generating at once in one
+# process (the threads runner) would interleave their draws, so one generates at a time.
+_generating = threading.Lock()
+
+
+def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa.Table:
+    """Shard i's passages (pids, titles, texts): C sampled queries each, seeded by the shard."""
     from models.generator import load_generator
 
+    i, pids, titles, texts = spec
+    g, device = job.generate, _device(job.generate.device)
+
+    def load():
+        generator = load_generator(job.source, job.kind, job.prefix)
+        generator.model.to(device).eval()
+        return generator
+
+    generator = worker_cached(("generator", job.source, job.kind, job.prefix, device), load)
+    with _generating:
+        # Seeded per shard, so a resumed build samples what an uninterrupted one would.
+        sampled = generator.generate(list(zip(titles, texts)), n=g.queries_per_passage, top_p=g.top_p, top_k=g.top_k,
+                                     max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, seed=g.seed + i,
+                                     max_source_len=g.max_source_len, device=device,
+                                     progress=progress_logger(f"synthetic queries: shard {i + 1}/{job.n_shards}: passages"))
+    rows = [{"pid": pid, "n": n, "query": q, "logprob": lp}
+            for pid, queries in zip(pids, sampled) for n, (q, lp) in enumerate(queries)]
+    return pa.Table.from_pylist(rows, schema=schemas.SYNTHETIC_QUERIES)
+
+
+def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     g = params.generate
     preferred = frozenset()
     if g.prefer_splits:
@@ -155,30 +197,19 @@ def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact],
     passages = sample_passages(inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
                                g.max_passages, g.seed, preferred)
     source = str(inputs[params.model_input].subdir("model")) if params.model_input else params.generator
-    generator = None
-    device = _device(g.device)
     n_shards = max(1, -(-passages.num_rows // g.shard_size))
-
-    def compute(i: int) -> pa.Table:
-        nonlocal generator
-        if generator is None:  # a fully resumed build loads no model
-            generator = load_generator(source, params.kind, params.prefix)
-            generator.model.to(device)
+    # Each shard carries its own passages (a shard's worth of text, not the corpus's, per worker);
+    # a fully resumed build loads no model.
+    specs = []
+    for i in range(n_shards):
         shard = passages.slice(i * g.shard_size, g.shard_size)
-        pairs = list(zip(shard.column("title").to_pylist(), shard.column("text").to_pylist()))
-        # Seeded per shard, so a resumed build samples what an uninterrupted one would.
-        sampled = generator.generate(pairs, n=g.queries_per_passage, top_p=g.top_p, top_k=g.top_k,
-                                     max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, seed=g.seed + i,
-                                     max_source_len=g.max_source_len, device=device,
-                                     progress=progress_logger(f"synthetic queries: shard {i + 1}/{n_shards}: passages"))
-        rows = [{"pid": pid, "n": n, "query": q, "logprob": lp}
-                for pid, queries in zip(shard.column("pid").to_pylist(), sampled) for n, (q, lp) in enumerate(queries)]
-        return pa.Table.from_pylist(rows, schema=schemas.SYNTHETIC_QUERIES)
+        specs.append((i, *(shard.column(c).to_pylist() for c in ("pid", "title", "text"))))
+    job = _GenerateJob(source, params.kind, params.prefix, g, n_shards)
 
     def report(i: int, reused: bool) -> None:
         logger.info("synthetic queries: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "generated")
 
-    files = build_shards(work, n_shards, compute, report)
+    files = run_shards(params.runner, work, specs, partial(_generate_shard, job), report, label="synthetic queries")
     move_shards_into(files, out)
     table = pa.concat_tables([pq.read_table(f) for f in files])
     per_passage = table.num_rows / max(passages.num_rows, 1)
@@ -245,7 +276,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out.append(Stage("synthetic_queries", "synthetic_queries", "1",
                      ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if model_input else [])),
                      GenerateParams(generator=q.generator, kind=q.kind, prefix=q.prefix, model_input=model_input,
-                                    generate=q.generate, quality_split=q.quality_split),
+                                    generate=q.generate, quality_split=q.quality_split, runner=cfg.runner),
                      build_synthetic_queries, resumable=True))
     filter_inputs = ("bm25_index",) if q.filter_bm25_top_k else ()
     out.append(Stage("pairs:synthetic", "pairs", "1", ("synthetic_queries", *filter_inputs),

@@ -6,9 +6,6 @@ span is located in that joined text and checked against the answer string.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -16,6 +13,7 @@ import ijson
 
 from tasks.errors import InputError
 from tasks.readers._common import SeenIds, Utf8CheckedReader, content_hash, require_str
+from tasks.readers.download import OfficialFile, fetch
 
 PARAGRAPH_SEP = "\n\n"
 
@@ -130,42 +128,18 @@ def iter_squad_questions(path: str | Path, source: str = "squad", split: str = "
             offset += len(context) + len(PARAGRAPH_SEP)
 
 
+def squad_official(name: str) -> OfficialFile:
+    """The pinned official SQuAD file SQUAD_URLS[name], cached as <name>.json."""
+    if name not in SQUAD_URLS:
+        raise KeyError(f"unknown SQuAD file {name!r}; known: {sorted(SQUAD_URLS)}")
+    url, sha256 = SQUAD_URLS[name]
+    return OfficialFile(f"{name}.json", url, sha256)
+
+
 def download_squad(name: str, dest_dir: str | Path) -> Path:
     """Download SQUAD_URLS[name] into dest_dir (as <name>.json) and verify its sha256.
 
     An existing file with the right hash is reused. A hash mismatch raises InputError and leaves
     no file behind.
     """
-    if name not in SQUAD_URLS:
-        raise KeyError(f"unknown SQuAD file {name!r}; known: {sorted(SQUAD_URLS)}")
-    url, expected = SQUAD_URLS[name]
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / f"{name}.json"
-    if dest.exists() and _sha256_file(dest) == expected:
-        return dest
-    tmp = dest_dir / f".{name}.json.part.{os.getpid()}"
-    digest = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        actual = digest.hexdigest()
-        if actual != expected:
-            raise InputError(url, "sha256", f"checksum mismatch: expected {expected}, got {actual}")
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return dest
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return fetch(squad_official(name), dest_dir)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterator, Literal, Optional
+from typing import Iterator, Literal, Optional, Union
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,6 +19,7 @@ from tasks.engine import Stage, StageParams
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
 from tasks.progress import with_progress
+from tasks.readers.download import OfficialFile, fetch, official
 from tasks.splits import assign_article_splits
 
 logger = logging.getLogger("passage_forge")
@@ -38,7 +39,15 @@ class SquadSource(_Strict):
 
 class BeirSource(_Strict):
     path: str = Field(..., description="BEIR dataset folder or zip, relative to data_root")
+    download: Optional[Literal["beir-nfcorpus"]] = Field(
+        None, description="official zip to download (checksum verified) when path is absent")
     qrels_splits: list[str] = Field(default_factory=lambda: ["test"], description="qrels files to load")
+
+
+class WikipediaDump(_Strict):
+    path: str = Field(..., description="pages-articles XML dump (.bz2 or plain), relative to data_root")
+    download: Optional[Literal["wikipedia-sample"]] = Field(
+        None, description="official dump to download (checksum verified) when path is absent")
 
 
 class QaFile(_Strict):
@@ -56,7 +65,9 @@ class DataConfig(_Strict):
     squad: Optional[SquadSource] = None
     beir: Optional[BeirSource] = None
     qa: Optional[QaSource] = Field(None, description="NQ-open / DPR .qa.csv questions, evaluated by answer match")
-    wikipedia: list[str] = Field(default_factory=list, description="pages-articles XML dumps (.bz2 or plain): documents")
+    # A plain path, or {path, download} naming the official dump to fetch when the path is absent.
+    wikipedia: list[Union[str, WikipediaDump]] = Field(
+        default_factory=list, description="pages-articles XML dumps (.bz2 or plain): documents")
     wikipedia_max_pages: Optional[int] = Field(None, ge=1)
     dpr_passages: list[str] = Field(default_factory=list, description="DPR passage TSVs (id, text, title): passages as they are, not chunked")
 
@@ -65,6 +76,9 @@ class DataConfig(_Strict):
         if sum(s is not None for s in (self.squad, self.beir, self.qa)) != 1:
             raise ValueError("configure exactly one of data.squad, data.beir or data.qa as the question source")
         return self
+
+    def wikipedia_dumps(self) -> list[WikipediaDump]:
+        return [WikipediaDump(path=d) if isinstance(d, str) else d for d in self.wikipedia]
 
     def resolve(self, relative: str) -> Path:
         root = Path(os.environ.get("PFORGE_DATA", self.data_root))
@@ -93,6 +107,17 @@ class DataParams(StageParams):
     def data(self) -> DataConfig:
         return DataConfig(**self.sources, data_root=self.data_root, dpr_passages=self.dpr_passages)
 
+    def hashed(self) -> dict:
+        # Where an absent BEIR/Wikipedia file would be downloaded from changes nothing (`files`
+        # pins the bytes): hashed as the plain paths they were before `download` existed, so
+        # existing artifacts keep their versions. (SQuAD's older `download` stays hashed.)
+        out = super().hashed()
+        sources = out["sources"] = dict(out["sources"])
+        if sources.get("beir"):
+            sources["beir"] = {k: v for k, v in sources["beir"].items() if k != "download"}
+        sources["wikipedia"] = [d if isinstance(d, str) else d["path"] for d in sources.get("wikipedia", [])]
+        return out
+
 
 class QuestionParams(DataParams):
     split: SplitConfig
@@ -106,19 +131,39 @@ def downloads_dir() -> Path:
 
 
 def squad_path(data: DataConfig) -> Path:
-    from tasks.readers.squad import download_squad
+    from tasks.readers.squad import squad_official
 
     squad = data.squad
-    path = data.resolve(squad.path)
-    if not path.exists() and squad.download:
-        logger.info("%s is absent: downloading the official %s", path, squad.download)
-        try:
-            path = download_squad(squad.download, downloads_dir())
-        except OSError as exc:  # offline, refused, disk full: say which file was wanted and why
-            raise InputError(path, "file", f"absent, and downloading {squad.download} failed: {exc}") from exc
-    if not path.exists():
-        raise InputError(path, "file", "SQuAD file not found (and no download configured)")
-    return path
+    return input_path(data, squad.path, squad_official(squad.download) if squad.download else None,
+                      "SQuAD file")
+
+
+def beir_path(data: DataConfig) -> Path:
+    beir = data.beir
+    return input_path(data, beir.path, official(beir.download) if beir.download else None, "BEIR dataset")
+
+
+def wikipedia_paths(data: DataConfig) -> list[Path]:
+    return [input_path(data, d.path, official(d.download) if d.download else None, "Wikipedia dump")
+            for d in data.wikipedia_dumps()]
+
+
+def input_path(data: DataConfig, relative: str, download: Optional[OfficialFile], what: str) -> Path:
+    """data_root/relative; when it is absent and `download` is given, the official copy in
+    downloads_dir(), fetched once and checksum verified."""
+    path = data.resolve(relative)
+    if path.exists():
+        return path
+    if download is None:
+        raise InputError(path, "file", f"{what} not found (and no download configured)")
+    cache = downloads_dir()
+    logger.info("%s is absent: using the official %s (from %s, cached in %s)", path, download.name, download.url, cache)
+    try:
+        return fetch(download, cache)
+    except OSError as exc:  # offline, refused, HTTP error, disk full: name the URL and where to put the file by hand
+        raise InputError(path, "file", f"{what} not found, and downloading {download.url} failed: {exc}. "
+                                       f"Offline, put that file (sha256 {download.sha256}) at {path} or at "
+                                       f"{cache / download.name}") from exc
 
 
 def existing(data: DataConfig, relative: str, what: str) -> Path:
@@ -133,11 +178,11 @@ def _source_files(data: DataConfig) -> list[Path]:
     if data.squad:
         files.append(squad_path(data))
     if data.beir:
-        path = existing(data, data.beir.path, "BEIR dataset")
+        path = beir_path(data)
         files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     if data.qa:
         files += [existing(data, f.path, f"{f.format} question file") for f in data.qa.files]
-    files += [existing(data, p, "Wikipedia dump") for p in data.wikipedia]
+    files += wikipedia_paths(data)
     return files
 
 
@@ -161,11 +206,11 @@ def iter_documents(data: DataConfig) -> Iterator[dict]:
     if data.beir:
         from tasks.readers.beir import iter_beir_corpus
 
-        yield from iter_beir_corpus(existing(data, data.beir.path, "BEIR dataset"))
+        yield from iter_beir_corpus(beir_path(data))
     from tasks.readers.wikipedia import iter_wikipedia_documents
 
-    for relative in data.wikipedia:
-        for i, doc in enumerate(iter_wikipedia_documents(existing(data, relative, "Wikipedia dump"))):
+    for path in wikipedia_paths(data):
+        for i, doc in enumerate(iter_wikipedia_documents(path)):
             if data.wikipedia_max_pages is not None and i >= data.wikipedia_max_pages:
                 break
             yield doc
@@ -251,7 +296,7 @@ def _qa_questions(data: DataConfig) -> list[dict]:
 def _build_beir_questions(data: DataConfig, out: Path) -> dict:
     from tasks.readers.beir import iter_beir_qrels, iter_beir_queries
 
-    path = existing(data, data.beir.path, "BEIR dataset")
+    path = beir_path(data)
     qrels_rows, split_of = [], {}
     for split in data.beir.qrels_splits:
         for row in iter_beir_qrels(path, split):

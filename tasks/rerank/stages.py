@@ -4,6 +4,8 @@ system, a hybrid or fusion): an evaluated system (paper 001's classifier as a re
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
+from tasks.runners import LOCAL, RunnerConfig, run_shards
 
 logger = logging.getLogger("passage_forge")
 
@@ -33,7 +36,7 @@ class RerankConfig(BaseModel):
 
 
 class RerankParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size"})
+    RUNTIME = frozenset({"device", "shard_size", "runner"})
     system: str
     run_stage: str
     depth: int
@@ -41,16 +44,41 @@ class RerankParams(StageParams):
     shard_size: int         # questions per shard
     device: str
     batch_size: int
+    runner: RunnerConfig = LOCAL
+
+
+@dataclass(frozen=True)
+class _RerankJob:
+    """What every rerank shard shares (small and picklable: it travels to the runner's workers)."""
+    model: str          # the cross_encoder artifact's model folder
+    device: str         # as configured: 'auto' resolves on the worker
+    batch_size: int
+    depth: int
+    system: str
+    n_shards: int
+
+
+def _rerank_shard(job: _RerankJob, spec: tuple[int, pa.Table, dict, dict]) -> pa.Table:
+    """Shard i: its questions' run, reranked (the shard carries their questions and passages' texts)."""
+    from tasks.dense.models import resolve_device
+    from tasks.progress import progress_logger
+    from tasks.rerank.rerank import rerank_run
+    from tasks.silver.stages import cross_encoder_on
+
+    i, part, question_of, text_of = spec
+    device = resolve_device(job.device)
+    model = cross_encoder_on(job.model, device)
+    log = progress_logger(f"{job.system}: shard {i + 1}/{job.n_shards}: pairs")
+
+    def scorer(pairs):
+        return model.logits(pairs, batch_size=job.batch_size, device=device, bf16=device == "cuda", progress=log)
+    return rerank_run(part, question_of, text_of, scorer, job.depth, job.system)
 
 
 def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     import pyarrow.parquet as pq
 
-    from models.cross_encoder import CrossEncoderModel
-    from storage.shards import build_shards
-    from tasks.dense.models import resolve_device
-    from tasks.progress import progress_logger
-    from tasks.rerank.rerank import questions_in_shards, rerank_run
+    from tasks.rerank.rerank import questions_in_shards
     from tasks.schemas import RUNS
 
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "split"])
@@ -62,21 +90,14 @@ def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, w
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
     text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
     shards = questions_in_shards(run.column("qid").to_pylist(), params.shard_size)
-    device = resolve_device(params.device)
-    model = None
-
-    def compute(i: int) -> pa.Table:
-        nonlocal model
-        if model is None:  # a fully resumed build loads no model
-            model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
-        part = run.filter(pc.is_in(run.column("qid"), value_set=pa.array(shards[i])))
-        log = progress_logger(f"{params.system}: shard {i + 1}/{len(shards)}: pairs")
-
-        def scorer(pairs):
-            return model.logits(pairs, batch_size=params.batch_size, device=device, bf16=device == "cuda", progress=log)
-        return rerank_run(part, question_of, text_of, scorer, params.depth, params.system)
-
-    files = build_shards(work, len(shards), compute) if shards else []
+    specs = []  # each shard carries its questions' run and texts; a fully resumed build loads no model
+    for i, qids in enumerate(shards):
+        part = run.filter(pc.is_in(run.column("qid"), value_set=pa.array(qids)))
+        head = part.filter(pc.less_equal(part.column("rank"), params.depth)).column("pid").to_pylist()
+        specs.append((i, part, {q: question_of[q] for q in qids}, {p: text_of[p] for p in head}))
+    job = _RerankJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, params.depth,
+                     params.system, len(shards))
+    files = run_shards(params.runner, work, specs, partial(_rerank_shard, job), label=params.system) if shards else []
     table = pa.concat_tables([pq.read_table(f, schema=RUNS) for f in files]) if files else RUNS.empty_table()
     write_table(out, table)
     return {"stats": {"questions": len(set(table.column("qid").to_pylist())), "depth": params.depth,
@@ -98,7 +119,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
             raise ValueError(f"rerank of {r.run!r}: not a system with runs; systems: {sorted(known)}")
         params = RerankParams(system=r.system, run_stage=known[r.run], depth=r.depth, splits=r.splits,
                               shard_size=r.shard_questions, device=cfg.cross_encoder.device,
-                              batch_size=cfg.cross_encoder.batch_size)
+                              batch_size=cfg.cross_encoder.batch_size, runner=cfg.runner)
         out.append(Stage(f"rerank:{r.system}", "reranked_runs", "1",
                          ("cross_encoder", "ingest_questions", "chunk", known[r.run]), params, build_rerank,
                          produces_runs=True, resumable=True, variant={"system": r.system}))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -24,6 +26,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.dense.stages import EncodeSettings, Origin, origin_of
 from tasks.engine import Stage, StageParams
+from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
 from tasks.silver.classifier import ClassifierTrainArgs
 
 logger = logging.getLogger("passage_forge")
@@ -164,7 +167,7 @@ def _dual_encoder_scorer(base: str, device):
 
 
 class SilverParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size", "config.shard_size", "dense_origin.init_path"})
+    RUNTIME = frozenset({"device", "shard_size", "config.shard_size", "dense_origin.init_path", "runner"})
     config: SilverConfig
     retriever_runs: str           # bm25_search or search:SYSTEM (the train questions' candidates)
     dense_origin: Optional[Origin] = None     # a dense retriever's encoder (it searches the synthetic queries)
@@ -174,6 +177,7 @@ class SilverParams(StageParams):
     shard_size: int
     bm25_k1: float
     bm25_b: float
+    runner: RunnerConfig = LOCAL
 
 
 def _sample(queries: dict[str, str], limit: Optional[int], seed: int) -> dict[str, str]:
@@ -203,17 +207,45 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
     return runs
 
 
+def cross_encoder_on(folder: str, device: str):
+    """The classifier of `folder` on `device`, loaded once per process (shards of the silver and
+    rerank stages share it). In eval mode: threads may score with it at once."""
+    from models.cross_encoder import CrossEncoderModel
+
+    return worker_cached(("cross_encoder", folder, device),
+                         lambda: CrossEncoderModel.from_pretrained(folder).to(device).eval())
+
+
+@dataclass(frozen=True)
+class _ScoreJob:
+    """What every scoring shard shares (small and picklable: it travels to the runner's workers)."""
+    model: str          # the cross_encoder artifact's model folder
+    device: str         # as configured: 'auto' resolves on the worker
+    batch_size: int
+    n_shards: int
+
+
+def _score_shard(job: _ScoreJob, spec: tuple[int, list, dict]):
+    """Shard i's candidates scored, with the texts of their passages (the shard carries them)."""
+    from tasks.dense.models import resolve_device
+    from tasks.progress import progress_logger
+    from tasks.silver.labelling import SCORED, score_candidates
+
+    i, shard, text_of = spec
+    if not shard:
+        return SCORED.empty_table()
+    device = resolve_device(job.device)
+    return score_candidates(cross_encoder_on(job.model, device), shard, text_of, job.batch_size, device,
+                            bf16=device == "cuda", progress=progress_logger(f"silver: shard {i + 1}/{job.n_shards}: pairs"))
+
+
 def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     """Score the candidates shard by shard (a killed build resumes at its first missing shard),
     then keep p >= threshold as silver pairs of weight p^2."""
     import pyarrow.parquet as pq
 
-    from models.cross_encoder import CrossEncoderModel
-    from storage.shards import build_shards
-    from tasks.dense.models import resolve_device
-    from tasks.progress import progress_logger
     from tasks.silver.labelling import (SCORED, added_share, candidates_from_runs, keep_silver, probability_histogram,
-                                        score_candidates, silver_training_pairs)
+                                        silver_training_pairs)
 
     c = params.config
     gold = inputs["pairs:gold"].read_table(columns=["qid", "pid", "split"])
@@ -244,24 +276,17 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
 
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
     text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
-    device = resolve_device(params.device)
     n_shards = max(1, -(-len(candidates) // params.shard_size))
-    model = None
-
-    def compute(i: int) -> pa.Table:
-        nonlocal model
-        if model is None:  # a fully resumed build loads no model
-            model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
+    specs = []  # each shard carries its candidates and their passages' texts; a resumed build loads no model
+    for i in range(n_shards):
         shard = candidates[i * params.shard_size:(i + 1) * params.shard_size]
-        if not shard:
-            return SCORED.empty_table()
-        return score_candidates(model, shard, text_of, params.batch_size, device, bf16=device == "cuda",
-                                progress=progress_logger(f"silver: shard {i + 1}/{n_shards}: pairs"))
+        specs.append((i, shard, {c.pid: text_of[c.pid] for c in shard}))
+    job = _ScoreJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, n_shards)
 
     def report(i: int, reused: bool) -> None:
         logger.info("silver: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "scored")
 
-    files = build_shards(work, n_shards, compute, report)
+    files = run_shards(params.runner, work, specs, partial(_score_shard, job), report, label="silver")
     scored = pa.concat_tables([pq.read_table(f, schema=SCORED) for f in files])
     silver = keep_silver(scored, c.threshold)
     write_table(out, silver_training_pairs(silver, queries_of))
@@ -314,7 +339,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if synthetic and cfg.qgen is None:
         raise ValueError("silver.queries names synthetic, which needs a qgen: section (the generated queries)")
     params = SilverParams(config=s, retriever_runs=runs, device=c.device, batch_size=c.batch_size,
-                          shard_size=s.shard_size, bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b, **dense)
+                          shard_size=s.shard_size, bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b, runner=cfg.runner, **dense)
     inputs = ("cross_encoder", "ingest_questions", "chunk", "pairs:gold", runs, *synthetic, *extra)
     out.append(Stage("pairs:silver", "pairs", "1", tuple(dict.fromkeys(inputs)), params, build_silver_pairs,
                      pinned=pinned, resumable=True, variant={"source": "silver"}))

@@ -123,6 +123,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     from models import BiEncoder
     from models.export import export_bi_encoder
     from models.losses import build_loss
+    from tasks.training.distributed import is_main_process
     from tasks.training.examples import examples_from_pairs
     from tasks.training.trainer import train_bi_encoder
 
@@ -143,6 +144,8 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
     result = train_bi_encoder(model, loss, examples, args, out / "training", evaluator=evaluator, progress=False, device=device)
+    if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
+        return None
     if result["best_step"] != len(result["history"]):
         logger.info("train %s: keeping step %s (dev metric %.4f), not the last step", params.system,
                     result["best_step"], result["best_metric"])

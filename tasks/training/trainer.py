@@ -7,7 +7,7 @@ Checkpoints (out_dir/checkpoints/step-XXXXXXX/) hold everything needed to contin
 model, the loss module's own parameters and buffers, optimizer, scheduler, sampler position,
 collator RNG, python/numpy/torch RNG states and the history; a run started on an out_dir that holds
 checkpoints resumes from the latest one. Callbacks (tasks/training/callbacks.py) own any other
-state they keep.
+state they keep. Under torchrun the same loop trains data-parallel (tasks/training/distributed.py).
 """
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from tasks.progress import report
+
 from .callbacks import TrainerCallback
 from .data import Collator, TrainExample, UniqueBatchSampler
+from .distributed import Ranks, process_group
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +337,21 @@ def run_training(
     checkpoints/, best/ (best model; the final one without an evaluator), final/, history.json and
     loss_curve.png. Progress: a tqdm bar, or with progress=False a log line about every 10% of the
     steps.
+
+    Under torchrun (2+ ranks; tasks/training/distributed.py) `args.batch_size` is the global
+    batch: every rank draws the same seeded global batches and collates its own contiguous slice,
+    `loss_fn` runs inside DistributedDataParallel (contrastive losses gather the global batch's
+    vectors, models/losses/distributed.py), every rank evaluates, and only rank 0 logs and writes
+    to `out_dir` (read by all ranks on a resume, so a folder all of them see); the others wait for
+    it at the end. `device` 'cuda' is cuda:LOCAL_RANK. Every rank returns the same history.
     """
+    with process_group(resolve_device(device)) as ranks:
+        return _training_loop(model, loss_fn, examples, sampler, collate, args, out_dir, evaluator, progress,
+                              callbacks, loss_inputs, gradient_checkpointing, eval_at_start, desc, ranks)
+
+
+def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArgs, out_dir, evaluator, progress,
+                   callbacks, loss_inputs, gradient_checkpointing, eval_at_start, desc, ranks: Ranks) -> dict:
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
@@ -345,8 +362,8 @@ def run_training(
     primary = evaluator.primary_metric if evaluator is not None else None
     greater_is_better = bool(getattr(evaluator, "greater_is_better", True))
 
-    seed_everything(args.seed)
-    device = resolve_device(device)
+    seed_everything(args.seed)  # the same on every rank: same global order and draws
+    device = ranks.device
     bf16 = use_bf16(args.bf16, device)
     model.to(device)
     loss_fn.to(device)
@@ -365,7 +382,7 @@ def run_training(
     best_metric: float | None = None
     resumed_from = None
 
-    ckpt = latest_checkpoint(out_dir)
+    ckpt = ranks.broadcast(latest_checkpoint(out_dir))  # rank 0's choice: every rank resumes from it
     if ckpt is not None:
         state = torch.load(ckpt / STATE_NAME, map_location="cpu", weights_only=False)
         _load_model_weights(model, ckpt / "model")
@@ -385,10 +402,14 @@ def run_training(
         history = list(state["history"])
         best_step, best_metric = state.get("best_step"), state.get("best_metric")
         resumed_from = str(ckpt)
-        log.info("resuming from %s (step %d)", ckpt, step)
+        if ranks.main:
+            log.info("resuming from %s (step %d)", ckpt, step)
     # stale temporary folders of an interrupted save
-    for stale in (out_dir / CHECKPOINTS).glob(".tmp-*") if (out_dir / CHECKPOINTS).is_dir() else []:
+    for stale in (out_dir / CHECKPOINTS).glob(".tmp-*") if ranks.main and (out_dir / CHECKPOINTS).is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
+
+    # DDP under torchrun (every rank starts from rank 0's weights), else loss_fn itself
+    forward = ranks.wrap(loss_fn)
 
     def save_checkpoint() -> None:
         def write(tmp: Path) -> None:
@@ -426,13 +447,15 @@ def run_training(
         if primary not in metrics:
             raise KeyError(f"the evaluator returned {sorted(metrics)}, not its primary metric {primary!r}")
         metric = float(metrics[primary])
-        log.info("step %d dev metric %.5f", step, metric)
+        if ranks.main:
+            log.info("step %d dev metric %.5f", step, metric)
         dev_curve.append((step, metric))
         if history and history[-1]["step"] == step:
             history[-1]["dev_metric"] = metric
         if best_metric is None or (metric > best_metric if greater_is_better else metric < best_metric):
             best_metric, best_step = metric, step
-            _atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
+            if ranks.main:
+                _atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
         for hook in hooks:
             hook.on_evaluate(step, metrics)
 
@@ -448,15 +471,16 @@ def run_training(
     loss_fn.train()
     start_step = step
     started = time.perf_counter()
-    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc=desc, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=step, disable=not (progress and ranks.main), desc=desc, dynamic_ncols=True)
     log_every = max(total_steps // 10, 1)
     while step < total_steps:
         for indices in sampler:
+            indices = ranks.shard(indices)  # this rank's slice of the global batch
             batch = tuple(_to(b, device) for b in collate([examples[i] for i in indices], epoch=sampler.epoch))
             for hook in hooks:
                 hook.on_batch(step + 1, batch)
             with autocast():
-                loss = loss_fn(*loss_inputs(batch))
+                loss = forward(*loss_inputs(batch))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if args.max_grad_norm:
@@ -468,18 +492,20 @@ def run_training(
             step += 1
             for hook in hooks:
                 hook.on_step_end(step, model, optimizer)
-            value = float(loss.detach().float().cpu())
+            value = ranks.mean(loss)  # all ranks see the same value (and stop together on a NaN)
             if not np.isfinite(value):
                 raise FloatingPointError(f"loss is {value} at step {step}")
             history.append({"step": step, "loss": value, "lr": lr})
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}")
-            if not progress and (step % log_every == 0 or step == total_steps):  # the pipeline's progress
+            if ranks.main:
+                report(f"{desc}: steps (loss {value:.4f})", step, total_steps)  # the UI's progress
+            if not progress and ranks.main and (step % log_every == 0 or step == total_steps):  # the pipeline's progress
                 log.info("train step %d/%d loss %.4f lr %.2e", step, total_steps, value, lr)
             # evaluate first, so the checkpoint records the best-so-far it has seen
             if evaluator is not None and args.eval_every and step % args.eval_every == 0:
                 evaluate()
-            if args.checkpoint_every and step % args.checkpoint_every == 0:
+            if args.checkpoint_every and step % args.checkpoint_every == 0 and ranks.main:
                 save_checkpoint()
             if step >= total_steps:
                 break
@@ -489,10 +515,12 @@ def run_training(
     if evaluator is not None and (not last_eval or last_eval[-1] != step):
         evaluate()
     model.eval()
-    _atomic_dir(out_dir / "final", lambda d: model.save_pretrained(d))
     if evaluator is None:
         best_step, best_metric = step, None
-        _atomic_dir(out_dir / "best", lambda d: shutil.copytree(out_dir / "final", d))
+    if ranks.main:
+        _atomic_dir(out_dir / "final", lambda d: model.save_pretrained(d))
+        if evaluator is None:
+            _atomic_dir(out_dir / "best", lambda d: shutil.copytree(out_dir / "final", d))
 
     steps_run = step - start_step
     result = {
@@ -506,7 +534,9 @@ def run_training(
         "total_steps": total_steps,
         "resumed_from": resumed_from,
     }
-    (out_dir / "history.json").write_text(json.dumps(result, indent=2))
-    if history:
-        plot_loss_curve(history, out_dir / "loss_curve.png")
+    if ranks.main:
+        (out_dir / "history.json").write_text(json.dumps(result, indent=2))
+        if history:
+            plot_loss_curve(history, out_dir / "loss_curve.png")
+    ranks.barrier()  # the other ranks return once rank 0's outputs are in place
     return result
