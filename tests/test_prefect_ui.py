@@ -92,7 +92,8 @@ def test_a_run_triggered_as_the_ui_does_completes_and_publishes_its_artifacts(pr
     started.append(_start([str(PFORGE), "serve", str(PROJECT_ROOT / "configs" / "tiny.yaml"), "--root", str(root)],
                           env, serve_log))
     logs = [tmp_path / "server.log", serve_log]
-    deployments = _wait("the deployments", lambda: (d := _deployments(api)) and "tiny--evaluate" in d and d, 180, logs)
+    # serve registers them one by one; the refresh deployment is the config's last
+    deployments = _wait("the deployments", lambda: (d := _deployments(api)) and "tiny--corpus-refresh" in d and d, 180, logs)
     assert {"tiny", "tiny--chunk", "tiny--corpus-refresh"} <= set(deployments)
     assert "dump" in deployments["tiny--corpus-refresh"]["parameter_openapi_schema"]["properties"]
     tiny = deployments["tiny"]

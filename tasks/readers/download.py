@@ -10,6 +10,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
@@ -53,20 +54,32 @@ def fetch(file: OfficialFile, dest_dir: str | Path, timeout: float = 60) -> Path
 
     A checksum or size mismatch raises InputError naming the URL and both hashes, and leaves
     nothing in dest_dir; network failures raise OSError (urllib's URLError/HTTPError included)."""
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / file.name
+    dest = Path(dest_dir) / file.name
     if dest.is_file() and file_sha256(dest) == file.sha256:
         return dest
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{file.name}.", suffix=".part")
-    tmp = Path(tmp)
-    try:
-        actual, size = _stream(file, fd, timeout)
+
+    def pinned(actual: str | None, size: int) -> None:
         if actual != file.sha256 or (file.size is not None and size != file.size):
             expected_size = f" ({file.size:,} bytes)" if file.size is not None else ""
             got = f"{actual} ({size:,} bytes)" if actual is not None else f"more than {file.size:,} bytes"
-            raise InputError(file.url, "sha256",
-                             f"checksum mismatch: expected {file.sha256}{expected_size}, got {got}")
+            raise InputError(file.url, "sha256", f"checksum mismatch: expected {file.sha256}{expected_size}, got {got}")
+    return download(file.url, dest, timeout, max_bytes=file.size, check=pinned)
+
+
+def download(url: str, dest: Path, timeout: float = 60, max_bytes: int | None = None,
+             check: Callable[[str | None, int], None] | None = None) -> Path:
+    """`url` into `dest`, whole or not at all: streamed to a temporary file beside it, checked by
+    `check(sha256, size)` (which raises to refuse it; sha256 is None when more than `max_bytes`
+    came), then renamed into place. Network failures raise OSError (urllib's errors included)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp)
+    try:
+        actual, size = _stream(url, fd, timeout, max_bytes)
+        if check is not None:
+            check(actual, size)
+        elif actual is None:
+            raise InputError(url, "size", f"more than {max_bytes:,} bytes")
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
         os.replace(tmp, dest)
     finally:
@@ -74,14 +87,14 @@ def fetch(file: OfficialFile, dest_dir: str | Path, timeout: float = 60) -> Path
     return dest
 
 
-def _stream(file: OfficialFile, fd: int, timeout: float) -> tuple[str | None, int]:
-    """(sha256, bytes) of what file.url sends, written to fd; sha256 None when it sent too much."""
+def _stream(url: str, fd: int, timeout: float, max_bytes: int | None) -> tuple[str | None, int]:
+    """(sha256, bytes) of what `url` sends, written to fd; sha256 None when it sent too much."""
     digest, size = hashlib.sha256(), 0
     # urlopen is looked up at call time: tests replace it to simulate being offline.
-    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(file.url, timeout=timeout) as response:
+    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
         while chunk := response.read(CHUNK):
             size += len(chunk)
-            if file.size is not None and size > file.size:
+            if max_bytes is not None and size > max_bytes:
                 return None, size
             digest.update(chunk)
             out.write(chunk)

@@ -7,11 +7,8 @@ from __future__ import annotations
 import glob as globlib
 import hashlib
 import logging
-import os
 import re
-import shutil
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -104,24 +101,18 @@ def _cache_path(downloads: Path, url: str) -> Path:
 
 
 def _download(url: str, target: Path, timeout_s: float, missing_ok: bool) -> bool:
-    """Fetch `url` into `target` (a partial file, renamed into place once complete). False when
-    the server says it has no such file and `missing_ok`."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    """Fetch `url` into `target` (whole or not at all: tasks.readers.download). False when the
+    server says it has no such file and `missing_ok`."""
+    from tasks.readers.download import download
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response, open(part, "wb") as out:
-            logger.info("refresh: downloading %s", url)
-            shutil.copyfileobj(response, out, length=1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
+        logger.info("refresh: downloading %s", url)
+        download(url, target, timeout_s)
     except urllib.error.HTTPError as exc:
-        part.unlink(missing_ok=True)
         if missing_ok and exc.code in _NOT_THERE:
             return False
         raise InputError(url, f"HTTP {exc.code}", f"cannot download the dump: {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:  # offline, refused, timed out, disk full
-        part.unlink(missing_ok=True)
         reason = getattr(exc, "reason", exc)
         raise InputError(url, "download", f"cannot download the dump: {reason}") from None
-    os.replace(part, target)
     return True
