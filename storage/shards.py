@@ -4,9 +4,14 @@ that starts again at the same version computes only the shards it lacks.
 Shards may compute anywhere: `build_shards` takes a `runner` (tasks/runners.py makes one from the
 config) that runs `compute_shard` calls in threads or on other processes. Whoever computes a shard
 writes it, whole, into the work folder; the build lists the files in shard order, so the output
-is the same bytes whichever runner ran it."""
+is the same bytes whichever runner ran it.
+
+A work folder belongs to one shard plan (the shard inputs): a build resumed with another
+partition (a changed runtime `shard_size`) discards the old shards instead of mixing them in."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import shutil
 import threading
@@ -19,6 +24,9 @@ import pyarrow.parquet as pq
 #: runner(fn, calls, names): runs fn(*call) for each call (names label them, e.g. in the UI) and
 #: yields each call's index as it finishes; a failed call raises.
 Runner = Callable[[Callable, list[tuple], list[str]], Iterator[int]]
+
+PLAN = "plan.sha256"  # in the work folder: the fingerprint of the shard inputs its shards were made from
+logger = logging.getLogger("passage_forge")
 
 
 def shard_path(work: Path, index: int) -> Path:
@@ -38,15 +46,58 @@ def compute_shard(compute: Callable[[Any], pa.Table], spec: Any, path: Path) -> 
     return write_shard(path, compute(spec))
 
 
+def _digest(value: Any, h) -> None:
+    """Feed `value` to the hash `h`, tagged by kind (Arrow tables by their rows, not their repr,
+    which is a preview)."""
+    if isinstance(value, (tuple, list)):
+        h.update(b"(%d" % len(value))
+        for v in value:
+            _digest(v, h)
+        h.update(b")")
+    elif isinstance(value, dict):
+        _digest(list(value.items()), h)
+    elif isinstance(value, (pa.Table, pa.RecordBatch)):
+        h.update(b"table")
+        _digest([value.schema.names, [value.column(i).to_pylist() for i in range(value.num_columns)]], h)
+    else:
+        h.update(type(value).__name__.encode() + b":" + repr(value).encode() + b";")
+
+
+def plan_fingerprint(specs: int | Sequence[Any]) -> str:
+    """What a work folder's shards were computed from: the shard count and every shard's input."""
+    h = hashlib.sha256()
+    _digest(specs if isinstance(specs, int) else list(specs), h)
+    return h.hexdigest()
+
+
+def _adopt_plan(work: Path, specs: int | Sequence[Any], label: str) -> None:
+    """Keep the finished shards only if they were made from these shard inputs; otherwise (a
+    resumed build whose partition changed, or shards of unknown origin) remove them first."""
+    plan = work / PLAN
+    fingerprint = plan_fingerprint(specs)
+    if plan.exists() and plan.read_text() == fingerprint:
+        return
+    stale = sorted(work.glob("shard-*.parquet"))
+    if stale:
+        logger.warning("%s: %d finished shards in %s were made from another shard plan (a changed shard size?): "
+                       "recomputing them", label, len(stale), work)
+        for f in stale:
+            f.unlink()
+    tmp = plan.with_name(f".{PLAN}.{os.getpid()}.{threading.get_ident()}.part")
+    tmp.write_text(fingerprint)
+    os.replace(tmp, plan)
+
+
 def build_shards(work: Path, shards: int | Sequence[Any], compute: Callable[[Any], pa.Table],
                  on_shard: Callable[[int, bool], None] | None = None, runner: Runner | None = None,
                  label: str = "shard") -> list[Path]:
     """Shard i is `compute(i)` (`shards` a count) or `compute(shards[i])` (each shard's own input),
-    written once: an existing shard file is kept (a resumed build). Without a runner the shards
+    written once: an existing shard file of the same plan is kept (a resumed build). Without a runner the shards
     compute here, in order. With one, `compute` and the shard inputs travel to its workers, so
     they are picklable and small: a module-level function (or a partial of one) that loads its
     model once per process, and the shard's own rows. `on_shard(i, reused)` reports each shard
     (with a runner, as it finishes). Returns the shard files in order."""
+    _adopt_plan(work, shards, label)
     specs = range(shards) if isinstance(shards, int) else shards
     files = [shard_path(work, i) for i in range(len(specs))]
     if runner is None:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ArtifactStore
-from storage.shards import read_rows, shard_path
+from storage.shards import PLAN, plan_fingerprint, read_rows, shard_path
 from tasks.config import ConfigError, load_config
 from tasks.dense.stages import EncodeParams, EncodeSettings, Origin, _renamed, build_encode
 from tasks.engine import NoParams, Stage, run_stage
@@ -60,6 +60,16 @@ def _in_a_flow(store, stage, inputs):
     return pipeline()
 
 
+def _completed_shard_runs(prefix: str) -> list[str]:
+    """Names of the completed shard task runs (what the UI lists) whose name starts with `prefix`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=prefix)))
+    return sorted(r.name for r in runs if r.state and r.state.is_completed() and r.name.startswith(prefix))
+
+
 def test_dask_and_threads_give_the_single_process_bytes(prefect_harness, tmp_path, tiny_checkpoint):
     local, local_files = _encode(tmp_path, tiny_checkpoint, RunnerConfig())
     assert len(local_files) == 4 and local.read_table().num_rows == 23  # shards of 6: 6, 6, 6, 5
@@ -70,14 +80,8 @@ def test_dask_and_threads_give_the_single_process_bytes(prefect_harness, tmp_pat
         for mine, theirs in zip(local_files, files):
             assert pq.read_table(theirs).equals(pq.read_table(mine)), (runner.kind, mine.name)
             assert theirs.read_bytes() == mine.read_bytes(), (runner.kind, mine.name)
-    # each dask shard was a Prefect task run (what the UI lists)
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="encode:tiny ")))
-    names = sorted(r.name for r in runs if r.state and r.state.is_completed())
-    assert names == sorted([f"encode:tiny {i}/4" for i in range(1, 5)] * 2)  # threads and dask
+    # each shard was a Prefect task run (what the UI lists)
+    assert _completed_shard_runs("encode:tiny ") == sorted([f"encode:tiny {i}/4" for i in range(1, 5)] * 2)
 
 
 CALLS: list[int] = []
@@ -92,6 +96,7 @@ def test_a_runner_computes_only_the_missing_shards(prefect_harness, tmp_path):
     from prefect import flow
 
     pq.write_table(pa.table({"shard": [-1], "pid": [0]}), shard_path(tmp_path, 1))  # left by a killed build
+    (tmp_path / PLAN).write_text(plan_fingerprint(4))  # ... of the same four shards
     before = shard_path(tmp_path, 1).read_bytes()
     seen = []
 
@@ -132,3 +137,155 @@ def test_a_scheduler_address_is_accepted(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("name: ok\nrunner: {kind: dask, address: 'tcp://10.0.0.5:8786'}\n")
     assert load_config(path).runner == RunnerConfig(kind="dask", address="tcp://10.0.0.5:8786", workers=2)
+
+
+def _toy_text(i: int, stride: int, n: int) -> str:
+    """Words the tiny checkpoint's vocabulary knows (a cross-encoder tells these texts apart)."""
+    from tests.tiny_models import WORDS as VOCAB_WORDS
+
+    return " ".join(VOCAB_WORDS[(i * stride + k) % len(VOCAB_WORDS)] for k in range(n))
+
+
+def _mining_store(root):
+    """What dense mining reads, as artifacts: questions (two splits), passages, gold links, the
+    miner's passage vectors (three files) and its question vectors."""
+    import numpy as np
+
+    from storage.parquet import write_table
+    from storage.shards import move_shards_into, write_shard
+    from tasks.dense.encode import embeddings_table, query_vectors_table
+    from tasks.dense.stages import QUERY_VECTORS
+
+    rng = np.random.default_rng(5)
+    pids = [f"p{i}" for i in range(41)]
+    qids = [f"q{i}" for i in range(23)]
+    passage_vectors = rng.standard_normal((41, 8)).astype(np.float32)
+    store = ArtifactStore(root)
+
+    def made(name, write):
+        def build(params, inputs, out):
+            write(out)
+        return run_stage(store, Stage(name, name.split(":")[0], "1", (), NoParams(), build), {})
+
+    def encoded(out):
+        parts = [write_shard(out / f"part{k}.parquet", embeddings_table(pids[a:b], passage_vectors[a:b]))
+                 for k, (a, b) in enumerate(((0, 15), (15, 30), (30, 41)))]
+        move_shards_into(parts, out)
+        for p in parts:
+            p.unlink()
+    return {
+        "ingest_questions": made("ingest_questions", lambda out: write_table(out, pa.table({
+            "qid": qids, "question": [_toy_text(i, 3, 3) for i in range(23)], "answers": [[] for _ in qids],
+            "split": ["train"] * 19 + ["test"] * 4}), name="questions")),
+        "chunk": made("chunk", lambda out: write_table(out, pa.table({"pid": pids, "text": [_toy_text(j, 5, 4) for j in range(41)]}))),
+        "link_gold": made("link_gold", lambda out: write_table(out, pa.table({"qid": qids, "pid": pids[:23]}))),
+        "encode:fine": made("encode:fine", encoded),
+        "search:fine": made("search:fine", lambda out: write_table(
+            out, query_vectors_table(qids, rng.standard_normal((23, 8)).astype(np.float32)), name=QUERY_VECTORS)),
+    }, store
+
+
+def test_dense_mining_in_question_shards_on_dask_gives_the_single_pass_bytes(prefect_harness, tmp_path, monkeypatch):
+    from tasks.dense.encode import vectors_from_table
+    from tasks.negatives import stages
+    from tasks.negatives.mining import dense_candidates
+    from tasks.negatives.stages import MineParams, build_mined_negatives
+
+    monkeypatch.setattr(stages, "QUERY_BLOCK", 4)  # the job carries it to the workers: shards of 4 and 8 questions
+
+    results = {}
+    for name, runner, per_shard in (("local", RunnerConfig(), 16384), ("threads", RunnerConfig(kind="threads"), 9),
+                                    ("dask", RunnerConfig(kind="dask", workers=2), 4)):
+        inputs, store = _mining_store(tmp_path / name)
+        params = MineParams(strategy="fine", source="search:fine", depth=6, filter_answers=True, splits=["train"],
+                            match_type="string", shard_size=10, questions_per_shard=per_shard, runner=runner)
+        stage = Stage("negatives:fine", "negatives", "3", tuple(inputs), params, build_mined_negatives,
+                      variant={"strategy": "fine"}, resumable=True)
+        results[name] = _in_a_flow(store, stage, inputs)
+    local = results["local"]
+    mined = local.read_table()
+    # the single pass over all passage vectors, gold dropped: what the shards together must give
+    qids, queries = vectors_from_table(inputs["search:fine"].read_table("query_vectors"))
+    pids, passages = vectors_from_table(inputs["encode:fine"].read_table())
+    expected = [(q, p, r) for q, p, r, _ in dense_candidates(qids[:19], queries[:19], [(pids, passages)], 6)
+                if p != f"p{q[1:]}"]
+    assert list(zip(*(mined.column(c).to_pylist() for c in ("qid", "pid", "rank")))) == expected
+    assert 19 * 5 <= len(expected) < 19 * 6  # some questions' gold passage was among their top 6
+    for name in ("threads", "dask"):
+        assert results[name].version == local.version, name
+        assert results[name].read_table().equals(mined), name  # scores too, to the bit
+        assert [f.read_bytes() for f in results[name].table_files()] == [f.read_bytes() for f in local.table_files()]
+    assert local.manifest["stats"]["filtering"]["candidates"] == 19 * 6
+    # 19 questions: threads in shards of 8 (9 rounded down to the block), dask in shards of 4
+    assert _completed_shard_runs("negatives:fine ") == sorted([f"negatives:fine {i}/3" for i in range(1, 4)] + [f"negatives:fine {i}/5" for i in range(1, 6)])
+
+
+def test_the_cross_encoder_judge_of_mined_negatives_scores_in_shards_on_dask(prefect_harness, tmp_path, checkpoint):
+    import numpy as np
+
+    from models.cross_encoder import CrossEncoderModel
+    from tasks.negatives.stages import MineParams, build_mined_negatives
+
+    model = CrossEncoderModel.from_base(str(checkpoint), max_length=24)
+    folder = tmp_path / "cross_encoder"
+    model.save_pretrained(folder)
+    # a threshold at the median p of every candidate the judge could see: about half are dropped
+    p = model.score([(_toy_text(i, 3, 3), _toy_text(j, 5, 4)) for i in range(19) for j in range(41)])
+    threshold = float(np.median(p))
+    results = {}
+    for name, runner, per_shard in (("local", RunnerConfig(), 20000), ("dask", RunnerConfig(kind="dask", workers=2), 7)):
+        inputs, store = _mining_store(tmp_path / name)
+
+        def classifier(params, inputs, out):
+            CrossEncoderModel.from_pretrained(folder).save_pretrained(out / "model")
+        inputs["cross_encoder"] = run_stage(store, Stage("cross_encoder", "cross_encoder", "1", (), NoParams(), classifier), {})
+        params = MineParams(strategy="fine", source="search:fine", depth=6, filter_answers=True, splits=["train"],
+                            match_type="string", drop_relevant_above=threshold, judge_shard_size=per_shard, runner=runner)
+        stage = Stage("negatives:fine", "negatives", "3", tuple(inputs), params, build_mined_negatives,
+                      variant={"strategy": "fine"}, resumable=True)
+        results[name] = _in_a_flow(store, stage, inputs)
+    local, dask = results["local"], results["dask"]
+    dropped = local.manifest["stats"]["filtering"]["dropped_relevant"]
+    judged = local.manifest["stats"]["filtering"]["candidates"] - local.manifest["stats"]["filtering"]["dropped_gold"]
+    shards = -(-judged // 7)
+    assert _completed_shard_runs("negatives:fine: judge ") == sorted(f"negatives:fine: judge {i}/{shards}"
+                                                                      for i in range(1, shards + 1))
+    assert 20 < dropped < 90 and dask.manifest["stats"]["filtering"] == local.manifest["stats"]["filtering"]
+    assert dask.version == local.version and dask.read_table().equals(local.read_table())
+
+
+def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harness, tmp_path, tiny_checkpoint):
+    import numpy as np
+
+    from storage.parquet import write_table
+    from tasks.dense.encode import embeddings_table, vectors_from_table
+    from tasks.refresh.stages import VectorParams, build_vectors
+
+    old = _passages(23)
+    new = pa.concat_tables([old.filter(pa.compute.not_equal(old.column("pid"), "p5")), _passages(32).slice(30)])
+    new = new.set_column(3, "text", pa.array([t + (" seine" if p == "p3" else "")
+                                              for p, t in zip(new.column("pid").to_pylist(), new.column("text").to_pylist())]))
+    model = {"base": str(tiny_checkpoint), "shared": True, "pooling": "mean", "projection_dim": None,
+             "normalize": True, "scale": 1.0}
+    results = {}
+    for runner in (RunnerConfig(), RunnerConfig(kind="dask", workers=2)):
+        store = ArtifactStore(tmp_path / runner.kind)
+
+        def made(name, table):
+            def build(params, inputs, out):
+                write_table(out, table)
+            return run_stage(store, Stage(name, name, "1", (), NoParams(), build), {})
+        inputs = {"previous": made("embeddings", embeddings_table(old.column("pid").to_pylist(), np.zeros((23, 32), np.float32))),
+                  "previous_passages": made("passages_old", old), "passages": made("passages", new)}
+        params = VectorParams(system="tiny", origin=Origin(model=model), device="cpu", shard_size=1, runner=runner,
+                              settings=EncodeSettings(batch_size=4, passage_max_len=32, query_max_len=16, dtype="float32",
+                                                      bf16=False))
+        stage = Stage("refresh:embeddings", "embeddings", "refresh-1", tuple(inputs), params, build_vectors, resumable=True)
+        results[runner.kind] = _in_a_flow(store, stage, inputs)
+    local, dask = results["local"], results["dask"]
+    assert local.manifest["stats"]["reencoded"] == 3 and local.manifest["stats"]["carried_over"] == 21
+    assert dask.version == local.version and dask.read_table().equals(local.read_table())
+    pids, vectors = vectors_from_table(local.read_table())
+    fresh = [i for i, p in enumerate(pids) if p in ("p3", "p30", "p31")]
+    assert np.count_nonzero(np.abs(vectors).sum(axis=1)) == 3 and np.abs(vectors[fresh]).sum(axis=1).min() > 0
+    assert _completed_shard_runs("refresh:embeddings:tiny ") == [f"refresh:embeddings:tiny {i}/3" for i in range(1, 4)]

@@ -14,7 +14,7 @@ CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem 
 # What may stay out of a version: where and how fast a stage computes, never what it computes.
 RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths",
                    "origin.init_path", "dense_origin.init_path", "config.device",
-                   "config.shard_size", "runner"}
+                   "config.shard_size", "runner", "questions_per_shard", "judge_shard_size"}
 
 
 def _config(**changes) -> PipelineConfig:
@@ -73,6 +73,9 @@ CASES = [
     ("search:zs", {"dense.encode.query_max_len": 16}, {"runner.kind": "threads"}),
     ("pairs:silver", {"silver.top_k": 5}, {"runner.workers": 4}),
     ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"runner.kind": "dask"}),
+    ("negatives:bm25", {"negatives.bm25.depth": 20}, {"runner.kind": "dask"}),
+    ("negatives:bm25", {"negatives.bm25.splits": ["train", "dev"]}, {"negatives.questions_per_shard": 2048}),
+    ("negatives:bm25", {"negatives.bm25.filter_answers": False}, {"negatives.judge_shard_size": 10}),
 ]
 
 

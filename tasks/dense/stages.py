@@ -195,27 +195,35 @@ def _encode_shard(job: _EncodeJob, spec: tuple[str, int, int, int]):
     return embeddings_table(rows.column("pid").to_pylist(), vectors)
 
 
+def encode_in_shards(origin: Origin, folder: Optional[Path], settings: EncodeSettings, device: str,
+                     runner: RunnerConfig | None, work: Path, files: list[Path], shard_size: int, label: str) -> list[Path]:
+    """The passages of `files` (pid, title, text) encoded in resumable shards of `shard_size` rows
+    (each read, tokenised and written at a time, so memory is bounded by a shard, not by the
+    corpus), computed where `runner` says. Returns the embeddings shards, in the passages' order."""
+    import pyarrow.parquet as pq
+
+    specs, total = [], 0
+    for f in files:
+        rows = pq.ParquetFile(f).metadata.num_rows
+        specs += [(str(f), start, min(start + shard_size, rows), total + start) for start in range(0, rows, shard_size)]
+        total += rows
+    if not specs:
+        raise ValueError(f"{label}: the passages table is empty")
+    job = _EncodeJob(origin, str(folder) if folder else None, settings, device, total)
+    return run_shards(runner, work, specs, partial(_encode_shard, job), label=label)
+
+
 def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
-    """Encode the passages in resumable shards of `shard_size` rows (each read, tokenised and
-    written at a time, so memory is bounded by a shard, not by the corpus), computed where
-    `runner` says."""
+    """Encode the passages in resumable shards (`encode_in_shards`)."""
     import pyarrow.parquet as pq
 
     from storage.shards import move_shards_into
 
-    specs, total = [], 0
-    for f in inputs["chunk"].table_files():
-        rows = pq.ParquetFile(f).metadata.num_rows
-        specs += [(str(f), start, min(start + params.shard_size, rows), total + start)
-                  for start in range(0, rows, params.shard_size)]
-        total += rows
-    if not specs:
-        raise ValueError("encode: the passages table is empty")
-    folder = params.origin.folder(inputs)
-    job = _EncodeJob(params.origin, str(folder) if folder else None, params.settings, params.device, total)
-    files = run_shards(params.runner, work, specs, partial(_encode_shard, job), label=f"encode:{params.system}")
+    files = encode_in_shards(params.origin, params.origin.folder(inputs), params.settings, params.device, params.runner,
+                             work, inputs["chunk"].table_files(), params.shard_size, f"encode:{params.system}")
     move_shards_into(files, out)
     dim = pq.read_schema(files[0]).field("vector").type.list_size
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files)}}
 
 

@@ -6,6 +6,8 @@ reads as data."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +19,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
+from tasks.runners import LOCAL, RunnerConfig, run_shards
 
 logger = logging.getLogger("passage_forge")
 
@@ -54,6 +57,11 @@ class NegativesConfig(BaseModel):
     mixed: list[str] = Field(default_factory=lambda: ["coarse", "fine", "bm25", "context"],
                              description="the strategies a system naming `mixed` draws from")
     shard_size: int = Field(65536, ge=1, description="passage vectors per block of dense mining (memory bound)")
+    questions_per_shard: int = Field(16384, ge=1, description=(
+        "questions per dense-mining shard, the runner's unit of work (rounded down to a multiple of 1024, at "
+        "least 1024): each shard streams every passage vector once, so fewer, larger shards read less"))
+    judge_shard_size: int = Field(20000, ge=1, description="(question, passage) pairs per shard of cross-encoder "
+                                                           "judging (drop_relevant_above), the runner's unit of work")
     # The cross-attention classifier of paper 001 (cross_encoder:) judges mined negatives; one it
     # deems an answer (p above the threshold) is a false negative and is dropped.
     drop_relevant_above: Optional[float] = Field(
@@ -77,7 +85,7 @@ class NegativesConfig(BaseModel):
 
 
 class MineParams(StageParams):
-    RUNTIME = frozenset({"shard_size"})
+    RUNTIME = frozenset({"shard_size", "questions_per_shard", "judge_shard_size", "runner"})
     strategy: str
     source: str             # bm25_search, random, or search:SYSTEM
     depth: int
@@ -87,11 +95,15 @@ class MineParams(StageParams):
     seed: Optional[int] = None
     shard_size: int = 65536
     drop_relevant_above: Optional[float] = None
+    questions_per_shard: int = 16384
+    judge_shard_size: int = 20000
+    runner: RunnerConfig = LOCAL
 
 
-def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path) -> dict:
+def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
     """Candidates of the strategy's source for the questions of `splits`, filtered of gold and
-    answer-bearing passages; stats record the filtered share (and why)."""
+    answer-bearing passages; stats record the filtered share (and why). Dense mining (the costly
+    part) runs in resumable question shards on the configured runner, in `work`."""
     from tasks.negatives.mining import filter_candidates, random_candidates, run_candidates
 
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
@@ -102,10 +114,10 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
         candidates = random_candidates(questions.column("qid").to_pylist(), passages.column("pid").to_pylist(),
                                        params.depth, params.seed or 0)
     elif params.source.startswith("search:"):
-        candidates = _dense_candidates(params, inputs, questions)
+        candidates = _dense_candidates(params, inputs, questions, work)
     else:
         candidates = run_candidates(inputs[params.source].read_table(), questions.column("qid"), params.depth)
-    judge = _relevance_judge(params.drop_relevant_above, inputs) if params.drop_relevant_above is not None else None
+    judge = _relevance_judge(params, inputs, work) if params.drop_relevant_above is not None else None
     negatives, counts = filter_candidates(candidates, questions, text_of, inputs["link_gold"].read_table(),
                                           params.strategy, params.filter_answers, params.match_type, is_relevant=judge)
     write_table(out, negatives)
@@ -115,34 +127,107 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
                       "filtering": counts}}
 
 
-def _relevance_judge(threshold: float, inputs: dict[str, Artifact]):
-    """The filter hook backed by the cross_encoder stage's classifier: True where p > threshold."""
-    from models.cross_encoder import CrossEncoderModel
+def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:
+    """Shard i's (question, passage) pairs scored by the classifier (a silver `ScoreJob`): p per pair, in order."""
     from tasks.dense.models import resolve_device
     from tasks.progress import progress_logger
+    from tasks.silver.stages import cross_encoder_on
 
-    device = resolve_device("auto")
-    model = CrossEncoderModel.from_pretrained(inputs["cross_encoder"].subdir("model")).to(device)
+    i, pairs = spec
+    device = resolve_device(job.device)
+    p = cross_encoder_on(job.model, device).score(pairs, job.batch_size, device=device, bf16=device == "cuda",
+                                                 progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: judged"))
+    return pa.table({"p": pa.array(p, pa.float32())})
+
+
+def _relevance_judge(params: MineParams, inputs: dict[str, Artifact], work: Path):
+    """The filter hook backed by the cross_encoder stage's classifier, scoring in resumable shards
+    of `judge_shard_size` pairs on the configured runner: True where p > the threshold."""
+    import pyarrow.parquet as pq
+
+    from tasks.silver.stages import ScoreJob
 
     def is_relevant(pairs):
-        p = model.score(list(pairs), device=device, bf16=device == "cuda", progress=progress_logger("negatives: judged"))
-        return list(p > threshold)
+        pairs = [tuple(pair) for pair in pairs]
+        step = params.judge_shard_size
+        specs = [(i, pairs[start:start + step]) for i, start in enumerate(range(0, len(pairs), step))]
+        job = ScoreJob(str(inputs["cross_encoder"].subdir("model")), "auto", 64, len(specs),
+                       label=f"negatives:{params.strategy}: judge")
+        (work / "judge").mkdir(exist_ok=True)  # its own shard plan, beside the mining's
+        files = run_shards(params.runner, work / "judge", specs, partial(_judge_shard, job), label=job.label)
+        p = pa.concat_tables([pq.read_table(f) for f in files]).column("p").to_numpy()
+        return list(p > params.drop_relevant_above)
     return is_relevant
 
 
-def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table):
+@dataclass(frozen=True)
+class _MineJob:
+    """What every dense-mining shard shares (small and picklable: it travels to the runner's workers)."""
+    queries: str                # the mined questions' vectors, in the work folder
+    passages: tuple[str, ...]   # the encoder's passage-vector files, streamed in this order
+    passage_rows: int
+    shard_size: int             # passage vectors held at a time
+    depth: int
+    query_block: int
+    label: str
+    n_shards: int
+
+
+def _mine_shard(job: _MineJob, spec: tuple[int, int, int]) -> pa.Table:
+    """Shard i: the top-`depth` passages of questions [start, stop), over all passage vectors
+    (exact, and independent per question, so any question partition gives the same rows)."""
+    import numpy as np
+
+    from storage.shards import read_rows
     from tasks.dense.encode import vectors_from_table
-    from tasks.dense.stages import QUERY_VECTORS
     from tasks.negatives.blocked_topk import iter_vector_shards
     from tasks.negatives.mining import dense_candidates
+    from tasks.progress import progress_logger
+
+    i, start, stop = spec
+    qids, matrix = vectors_from_table(read_rows(Path(job.queries), start, stop))
+    progress = progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: passages")
+
+    def passages():
+        done = 0
+        for pids, vectors in iter_vector_shards([Path(f) for f in job.passages], job.shard_size):
+            yield pids, vectors
+            done += len(pids)
+            progress(done, job.passage_rows)
+    found = list(dense_candidates(qids, matrix.astype(np.float32), passages(), job.depth, job.query_block))
+    columns = list(zip(*found)) or [[], [], [], []]
+    return pa.table(dict(zip(CANDIDATE_COLUMNS, columns)), schema=CANDIDATES)
+
+
+#: Questions scored against a passage block at once. Mining shards start at multiples of it, so
+#: every partition computes the very same score tiles: the same bits as one pass.
+QUERY_BLOCK = 1024
+
+#: A mining shard's rows: (qid, pid, rank, score), the float32 scores kept exactly.
+CANDIDATES = pa.schema([("qid", pa.string()), ("pid", pa.string()), ("rank", pa.int32()), ("score", pa.float64())])
+CANDIDATE_COLUMNS = CANDIDATES.names
+
+
+def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table, work: Path):
+    import pyarrow.parquet as pq
+
+    from storage.shards import write_shard
+    from tasks.dense.stages import QUERY_VECTORS
 
     wanted = questions.column("qid")
     vectors = inputs[params.source].read_table(QUERY_VECTORS)
-    vectors = vectors.filter(pc.is_in(vectors.column("qid"), value_set=wanted))
-    qids, matrix = vectors_from_table(vectors)
-    shards = iter_vector_shards(inputs[params.source.replace("search:", "encode:", 1)].table_files(), params.shard_size)
-    # materialised here: the filter walks them in order, the miner's memory is freed after
-    return list(dense_candidates(qids, matrix.astype("float32"), shards, params.depth))
+    vectors = vectors.filter(pc.is_in(vectors.column("qid"), value_set=wanted)).select(["qid", "vector"])
+    queries = write_shard(work / "queries.parquet", vectors)  # what every shard reads its questions from
+    passages = inputs[params.source.replace("search:", "encode:", 1)].table_files()
+    n = vectors.num_rows
+    step = max(1, params.questions_per_shard // QUERY_BLOCK) * QUERY_BLOCK
+    specs = [(i, start, min(start + step, n)) for i, start in enumerate(range(0, n, step))]
+    job = _MineJob(str(queries), tuple(str(f) for f in passages), sum(pq.ParquetFile(f).metadata.num_rows for f in passages),
+                   params.shard_size, params.depth, QUERY_BLOCK, f"negatives:{params.strategy}", len(specs))
+    files = run_shards(params.runner, work, specs, partial(_mine_shard, job), label=job.label) if specs else []
+    for f in files:  # the filter walks them in order; one shard's rows in memory at a time
+        table = pq.read_table(f, schema=CANDIDATES)
+        yield from zip(*(table.column(c).to_pylist() for c in CANDIDATE_COLUMNS))
 
 
 class ContextParams(StageParams):
@@ -179,7 +264,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         stages_ = [f"pairs:{p}" for p in sources]
         out.append(Stage("negatives:context", "negatives", "1", ("ingest_questions", "chunk", *stages_),
                          ContextParams(pairs=stages_), build_context_negatives, variant={"strategy": "context"}))
-    common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size, drop_relevant_above=c.drop_relevant_above)
+    common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size, drop_relevant_above=c.drop_relevant_above,
+                  questions_per_shard=c.questions_per_shard, judge_shard_size=c.judge_shard_size, runner=cfg.runner)
     judge = ("cross_encoder",) if c.drop_relevant_above is not None else ()
     mined = {}
     if "bm25" in wanted:
@@ -194,5 +280,6 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
                             splits=conf.splits, seed=getattr(conf, "seed", None), **common)
         sources = (source, *extra) if source != "random" else ()
         out.append(Stage(f"negatives:{name}", "negatives", "3", ("ingest_questions", "chunk", "link_gold", *sources, *judge),
-                         params, build_mined_negatives, variant={"strategy": name}))
+                         params, build_mined_negatives, variant={"strategy": name},
+                         resumable=source.startswith("search:") or bool(judge)))
     return out

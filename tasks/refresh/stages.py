@@ -19,6 +19,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable, Optional
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import Artifact, ArtifactStore
@@ -33,6 +34,7 @@ from tasks.refresh.diff import diff_documents, diff_passages, rows_with
 from tasks.refresh.faiss_update import IDS_TABLE
 from tasks.refresh.locate import LocatedDump, locate_dump
 from tasks.refresh.state import REFRESH_STAGE, DenseIndex, RefreshChain, corpus_of, passages_of, promoted_index
+from tasks.runners import LOCAL, RunnerConfig
 
 logger = logging.getLogger("passage_forge")
 CODE_VERSION = "refresh-1"
@@ -59,12 +61,13 @@ class BM25Params(StageParams):
 
 
 class VectorParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size", "origin.init_path"})
+    RUNTIME = frozenset({"device", "shard_size", "origin.init_path", "runner"})
     system: str
     origin: Origin
     settings: EncodeSettings
     device: str
     shard_size: int
+    runner: RunnerConfig = LOCAL
 
 
 class ReportParams(StageParams):
@@ -136,22 +139,24 @@ def build_bm25(params: BM25Params, inputs: dict[str, Artifact], out: Path) -> di
     return {"stats": {**stats, "passages": diff.counts()}}
 
 
-def build_vectors(params: VectorParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense.models import for_inference, resolve_device
+def build_vectors(params: VectorParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+    """The promoted encoder's vectors for the refreshed passages: the new and changed ones encoded
+    like the encode stage does (resumable shards, on the configured runner), the rest carried over."""
+    import pyarrow.parquet as pq
+
+    from storage.shards import write_shard
+    from tasks.dense.stages import encode_in_shards
     from tasks.refresh.reencode import refresh_vectors
 
-    device = resolve_device(params.device)
-    model = None
-
-    def encode(pairs, done, total):
-        nonlocal model
-        if model is None:  # loaded only when something changed
-            model = for_inference(params.origin.load(inputs), device, params.settings.int8)
-        return params.settings.encode(model, pairs, "passage", device, done=done, total=total, log=logger.info)
+    def encode(todo):
+        source = write_shard(work / "passages.parquet", todo)  # what the shards read their rows from
+        files = encode_in_shards(params.origin, params.origin.folder(inputs), params.settings, params.device,
+                                 params.runner, work, [source], params.shard_size, f"refresh:embeddings:{params.system}")
+        return pa.concat_tables([pq.read_table(f) for f in files])
 
     table, _, stats = refresh_vectors(inputs["previous"].read_table(),
                                       inputs["previous_passages"].read_table(columns=PASSAGE_COLUMNS),
-                                      inputs["passages"].read_table(columns=PASSAGE_COLUMNS), encode, params.shard_size)
+                                      inputs["passages"].read_table(columns=PASSAGE_COLUMNS), encode)
     write_table(out, table)
     logger.info("refresh: %s passages re-encoded, %s vectors carried over", f"{stats['reencoded']:,}",
                 f"{stats['carried_over']:,}")
@@ -319,7 +324,8 @@ def _refresh_dense(cfg, store: ArtifactStore, dense: DenseIndex, passages: Artif
     embeddings = run(Stage("refresh:embeddings", "embeddings", CODE_VERSION,
                            ("previous", "previous_passages", "passages", origin.model_input),
                            VectorParams(system=dense.system, origin=origin, settings=settings, device=encode.device,
-                                        shard_size=encode.shard_size), build_vectors, variant=variant),
+                                        shard_size=encode.shard_size, runner=cfg.runner), build_vectors, variant=variant,
+                           resumable=True),
                      {"previous": dense.embeddings, "previous_passages": made_from, "passages": passages,
                       origin.model_input: dense.model})
     faiss_index = run(Stage("refresh:faiss_index", "faiss_index", CODE_VERSION, ("previous", "previous_embeddings", "embeddings"),

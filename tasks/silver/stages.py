@@ -217,15 +217,17 @@ def cross_encoder_on(folder: str, device: str):
 
 
 @dataclass(frozen=True)
-class _ScoreJob:
-    """What every scoring shard shares (small and picklable: it travels to the runner's workers)."""
+class ScoreJob:
+    """What every cross-encoder scoring shard shares (small and picklable: it travels to the
+    runner's workers): silver labelling's and the judging of mined negatives'."""
     model: str          # the cross_encoder artifact's model folder
     device: str         # as configured: 'auto' resolves on the worker
     batch_size: int
     n_shards: int
+    label: str = "silver"
 
 
-def _score_shard(job: _ScoreJob, spec: tuple[int, list, dict]):
+def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):
     """Shard i's candidates scored, with the texts of their passages (the shard carries them)."""
     from tasks.dense.models import resolve_device
     from tasks.progress import progress_logger
@@ -236,7 +238,7 @@ def _score_shard(job: _ScoreJob, spec: tuple[int, list, dict]):
         return SCORED.empty_table()
     device = resolve_device(job.device)
     return score_candidates(cross_encoder_on(job.model, device), shard, text_of, job.batch_size, device,
-                            bf16=device == "cuda", progress=progress_logger(f"silver: shard {i + 1}/{job.n_shards}: pairs"))
+                            bf16=device == "cuda", progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: pairs"))
 
 
 def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
@@ -281,7 +283,7 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     for i in range(n_shards):
         shard = candidates[i * params.shard_size:(i + 1) * params.shard_size]
         specs.append((i, shard, {c.pid: text_of[c.pid] for c in shard}))
-    job = _ScoreJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, n_shards)
+    job = ScoreJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, n_shards)
 
     def report(i: int, reused: bool) -> None:
         logger.info("silver: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "scored")
