@@ -8,8 +8,9 @@ every rank plans the config, and rank 0 alone opens the artifact store: it resol
 builds the stage through the engine (version lock, build folder, commit). When its build starts it
 sends the inputs to the other ranks, which run the same builder on them in a scratch folder:
 run_training trains all ranks together, and only rank 0's outputs become the artifact; the other
-ranks register nothing. A cache hit (or a failure before the build) sends them home. The run is
-the engine's, not a Prefect flow run: no Prefect UI artifacts. The `batch_size` of the config is
+ranks register nothing. A cache hit (or a failure before the build) sends them home. Rank 0's
+build is a Prefect flow run (`passage-forge-ddp`, the stage its task) on the configured Prefect
+API, with the progress and summary artifacts of any stage. The `batch_size` of the config is
 the global batch (a multiple of the number of ranks); the trained model is the same artifact
 version a single-process run would register.
 """
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tasks.dense.models import resolve_device
 
-    plan = plan_for(load_config(args.config))
+    cfg = load_config(args.config)
+    plan = plan_for(cfg)
     name = plan.resolve_name(args.stage)
     if not name.startswith("train:"):  # the builders that leave the writing to rank 0
         raise SystemExit(f"python -m flows.ddp: {name!r} is not a training stage (train:NAME)")
@@ -50,16 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         if not ranks.main:  # one rank's log is the run's log
             logging.getLogger().setLevel(logging.WARNING)
         if ranks.main:
-            artifact = lead(plan, name, args.root, ranks)
+            artifact = lead(plan, name, args.root, ranks, config_name=cfg.name)
             print(f"{name:18s} {artifact.version}")
         else:
             follow(plan[name], ranks)
     return 0
 
 
-def lead(plan, name: str, root: str | None, ranks: Ranks):
+def lead(plan, name: str, root: str | None, ranks: Ranks, config_name: str | None = None):
     """Rank 0: build the stage into the store as `pforge run --stage` would, telling the other
-    ranks when the build starts (and with which inputs)."""
+    ranks when the build starts (and with which inputs). With `config_name`, as a Prefect flow
+    run whose task reports to the UI like the pipeline's; without, through the engine alone."""
     from storage import ArtifactStore, resolve_root
     from tasks.engine import run_stage
 
@@ -73,10 +76,25 @@ def lead(plan, name: str, root: str | None, ranks: Ranks):
         return stage.build(params, inputs, out, *work)
 
     try:
-        return run_stage(store, dataclasses.replace(stage, build=build), plan.upstream_for_single_stage(store, name))
+        staged, inputs = dataclasses.replace(stage, build=build), plan.upstream_for_single_stage(store, name)
+        if config_name is None:
+            return run_stage(store, staged, inputs)
+        return _as_flow_run(staged, config_name, store, inputs)
     finally:
         if not started:  # a cache hit or an error before the build: nothing to train
             ranks.broadcast(None)
+
+
+def _as_flow_run(stage, config_name: str, store, inputs):
+    """The stage's task (flows/stage_task.py: progress and summary artifacts) in a flow run."""
+    from prefect import flow
+
+    from flows.stage_task import stage_task
+
+    @flow(name="passage-forge-ddp", flow_run_name=f"{config_name} {stage.name}", log_prints=True)
+    def data_parallel():
+        return stage_task(stage, config_name)(store, inputs)
+    return data_parallel()
 
 
 def follow(stage, ranks: Ranks) -> None:

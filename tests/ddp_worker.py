@@ -22,6 +22,8 @@ RUNS = {  # loss -> (loss options, shared tower, hard negatives, weighted exampl
     "dpr": ({}, True, 1, False),
     "weighted": ({}, True, 0, True),
     "xmoco": ({"queue_size": 64, "momentum": 0.5}, False, 1, False),
+    # masks are drawn per batch shape, so only unmasked spans compare with one process: L_co alone
+    "cocondenser": ({}, True, 0, False),
 }
 
 
@@ -39,6 +41,7 @@ class FirstStepGradients(TrainerCallback):
 def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank: int) -> None:
     from models import BiEncoder
     from models.losses import build_loss
+    from models.pretraining import PRETRAINING_LOSSES, build_pretraining_loss
     from tasks.training import TrainerArgs, train_bi_encoder
     from tests.test_training import make_examples
 
@@ -56,7 +59,14 @@ def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank:
     recorder = FirstStepGradients()
     args = TrainerArgs(lr=1e-3, batch_size=batch_size, max_steps=STEPS, warmup_ratio=0.0, hard_negatives=hard_negatives,
                        query_max_len=16, passage_max_len=24, seed=0, max_grad_norm=None)
-    result = train_bi_encoder(model, build_loss(loss_name, model, **options), examples, args,
+    if loss_name in PRETRAINING_LOSSES:
+        from models.pretraining.masking import IGNORE
+
+        loss = build_pretraining_loss(loss_name, model, **options)
+        loss.mask = lambda batch, rate, stream: (batch["input_ids"], torch.full_like(batch["input_ids"], IGNORE))
+    else:
+        loss = build_loss(loss_name, model, **options)
+    result = train_bi_encoder(model, loss, examples, args,
                               out_dir / loss_name / f"rank{rank}", progress=False, device="cpu", callbacks=[recorder])
     torch.save({"initial": initial, "final": model.state_dict(), "grads": recorder.grads,
                 "history": result["history"]}, out_dir / f"{loss_name}-rank{rank}.pt")

@@ -100,3 +100,52 @@ def test_only_rank_zero_commits_the_stage(runs):
 def test_gather_rows_is_the_identity_in_one_process():
     x = torch.randn(3, 4, requires_grad=True)
     assert gather_rows(x) is x and gather_rows(None) is None
+
+
+def test_a_data_parallel_stage_is_a_prefect_flow_run_with_the_stage_artifacts(prefect_harness, shared_data, tmp_path):
+    """`python -m flows.ddp` (what `pforge run --nproc` launches): rank 0's build is a flow run on
+    the configured Prefect API, with the stage's progress and summary artifacts."""
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.pipeline import pipeline
+    from flows.registry import plan_for
+    from flows.ui_artifacts import artifact_key
+    from storage import ArtifactStore
+    from tasks.config import load_config
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "tiny_bert")
+    raw = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    raw["name"] = "tiny-ddp"
+    raw["data"]["data_root"] = str(shared_data)
+    raw["dense"] = {"systems": [{"name": "ddp", "model": {"base": str(checkpoint), "pooling": "mean", "scale": 20.0},
+                                 "train": {"loss": "dpr", "batch_size": 4, "max_steps": 2, "select_on_dev": False,
+                                           "hard_negatives": 0, "negatives": [], "passage_max_len": 64}}]}
+    config = tmp_path / "tiny-ddp.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    upstream = load_config(config)
+    for stage in plan_for(upstream):  # the stages before train:ddp, each on the last one's outputs
+        if stage.name == "train:ddp":
+            break
+        pipeline(config=upstream, stage=stage.name, root=str(tmp_path / "store"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "flows.ddp", str(config), "--stage", "train:ddp", "--root", str(tmp_path / "store")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    version = done.stdout.split()[-1]
+    assert (ArtifactStore(tmp_path / "store").get("dense_model", version).path / "model").is_dir()
+    key = artifact_key("tiny-ddp", "train:ddp")
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["tiny-ddp train:ddp"])))
+        assert [r.state.type.value for r in runs] == ["COMPLETED"]
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-progress", f"{key}-summary"])))
+    by_key = {a.key: a for a in found}
+    assert set(by_key) == {f"{key}-progress", f"{key}-summary"}
+    assert by_key[f"{key}-progress"].data == 100 and version in by_key[f"{key}-summary"].data
+    assert {a.flow_run_id for a in found} == {runs[0].id}

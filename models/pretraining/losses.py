@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from models.callbacks import TrainerCallback
 from models.losses.base import EmbeddingLoss, no_weights
+from models.losses.distributed import gather_rows
 from models.pooling import Pooling, pool
 
 from .heads import MlmHead, TransformerHead
@@ -164,8 +165,10 @@ class CoCondenserLoss(PretrainingLoss):
     def terms(self, context_batch, passage_batch):
         p_rep, p_mlm, p_aux = self.span(passage_batch, "passage")
         c_rep, c_mlm, c_aux = self.span(context_batch, "context")
+        # Under DDP the in-batch negatives are the global batch's (identity in one process); the
+        # MLM terms stay per rank, averaged over ranks by DDP.
         return {"mlm": _mean([p_mlm, c_mlm]), "aux_mlm": _mean([p_aux, c_aux]),
-                "contrastive": contrastive_loss(p_rep, c_rep, self.temperature)}
+                "contrastive": contrastive_loss(gather_rows(p_rep), gather_rows(c_rep), self.temperature)}
 
 
 class CotMaeLoss(PretrainingLoss):
