@@ -200,11 +200,11 @@ def encode_in_shards(origin: Origin, folder: Optional[Path], settings: EncodeSet
     """The passages of `files` (pid, title, text) encoded in resumable shards of `shard_size` rows
     (each read, tokenised and written at a time, so memory is bounded by a shard, not by the
     corpus), computed where `runner` says. Returns the embeddings shards, in the passages' order."""
-    import pyarrow.parquet as pq
+    from storage.parquet import parquet_rows
 
     specs, total = [], 0
     for f in files:
-        rows = pq.ParquetFile(f).metadata.num_rows
+        rows = parquet_rows(f)
         specs += [(str(f), start, min(start + shard_size, rows), total + start) for start in range(0, rows, shard_size)]
         total += rows
     if not specs:
@@ -217,13 +217,14 @@ def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path, w
     """Encode the passages in resumable shards (`encode_in_shards`)."""
     import pyarrow.parquet as pq
 
+    from storage.parquet import parquet_rows
     from storage.shards import move_shards_into
 
     files = encode_in_shards(params.origin, params.origin.folder(inputs), params.settings, params.device, params.runner,
                              work, inputs["chunk"].table_files(), params.shard_size, f"encode:{params.system}")
     move_shards_into(files, out)
     dim = pq.read_schema(files[0]).field("vector").type.list_size
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    total = sum(parquet_rows(f) for f in files)
     return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files)}}
 
 

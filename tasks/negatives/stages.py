@@ -211,6 +211,7 @@ CANDIDATE_COLUMNS = CANDIDATES.names
 def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table, work: Path):
     import pyarrow.parquet as pq
 
+    from storage.parquet import parquet_rows
     from storage.shards import write_shard
     from tasks.dense.stages import QUERY_VECTORS
 
@@ -222,7 +223,7 @@ def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions
     n = vectors.num_rows
     step = max(1, params.questions_per_shard // QUERY_BLOCK) * QUERY_BLOCK
     specs = [(i, start, min(start + step, n)) for i, start in enumerate(range(0, n, step))]
-    job = _MineJob(str(queries), tuple(str(f) for f in passages), sum(pq.ParquetFile(f).metadata.num_rows for f in passages),
+    job = _MineJob(str(queries), tuple(str(f) for f in passages), sum(parquet_rows(f) for f in passages),
                    params.shard_size, params.depth, QUERY_BLOCK, f"negatives:{params.strategy}", len(specs))
     files = run_shards(params.runner, work, specs, partial(_mine_shard, job), label=job.label) if specs else []
     for f in files:  # the filter walks them in order; one shard's rows in memory at a time
