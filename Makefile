@@ -35,7 +35,7 @@ test-tools:
 	  echo "note: docker-compose is not installed (apt-get install --no-install-recommends docker-compose); tests/test_docker_compose.py needs it"
 
 test: $(STAMP) test-tools
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra --durations=25 tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/chunking_throughput.py

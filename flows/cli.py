@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--stage", help="rerun only this stage on its latest upstream artifacts")
     run.add_argument("--nproc", type=int, default=1, help="train a train:NAME stage data-parallel on this many "
                                                           "ranks (torchrun + DDP: one per GPU, gloo on CPUs)")
+    run.add_argument("--smoke", action="store_true", help="every stage of the config on a few seconds' work each "
+                                                          "(3 articles, 2 steps, CPU, fp32): a check before the real run")
     arts = sub.add_parser("artifacts", help="list artifacts, or one artifact's lineage")
     arts.add_argument("--stage", help="only this stage")
     arts.add_argument("--lineage", metavar="STAGE[:VERSION]", help="the chain of artifacts behind one artifact")
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                                              "without a version, list the promotions")
     promote.add_argument("version", nargs="?", help="a dense_model version (or a unique prefix of one)")
     promote.add_argument("--note", help="why, recorded with the promotion")
+    gc = sub.add_parser("gc", help="delete old artifact versions: keeps the newest of each stage (and system), "
+                                   "what a promotion serves, and every input of what is kept")
+    gc.add_argument("--keep", type=int, default=1, metavar="N", help="newest versions kept per stage and system (default 1)")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be removed and its size; delete nothing")
     refresh = sub.add_parser("refresh", help="refresh a built corpus from a newer dump: re-ingest, re-chunk and "
                                              "re-encode what changed, update the BM25 and FAISS indexes")
     refresh.add_argument("config", type=Path)
@@ -51,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
-    for command in (run, arts, sql, search, promote, refresh, serve):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, gc, refresh, serve):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if argv is None:  # a `pforge` process, not a caller's (a test's) own: its environment and signals
+        _prepare_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
     if not args.debug:
@@ -66,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"pforge: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
         return 2
+
+
+def _prepare_process() -> None:
+    """Before Prefect is imported: its settings (analytics off unless the user opts in, a patient
+    ephemeral server on a database no other run writes), then Ctrl-C/SIGTERM handling that stops
+    the run and its children (the ephemeral server among them) and removes a private database."""
+    from flows.interrupts import stop_on_signals
+    from flows.prefect_env import prepare_process, remove_database_dir
+
+    database_dir = prepare_process()
+    stop_on_signals([lambda: remove_database_dir(database_dir)])
 
 
 class _NoFailureReports(logging.Filter):
@@ -90,8 +109,10 @@ def quiet_prefect_tracebacks() -> None:
 
 def _run(args) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, smoke=args.smoke)
     if args.nproc > 1:
+        if args.smoke:
+            raise ValueError("--smoke runs in one process: leave out --nproc")
         return _run_data_parallel(args)
     from flows.pipeline import pipeline
     from storage import ArtifactStore, resolve_root
@@ -124,12 +145,9 @@ def _run_data_parallel(args) -> int:
 def _artifacts(args) -> int:
     from storage import ArtifactStore, resolve_root
 
-    store = ArtifactStore(resolve_root(args.root))
+    store = ArtifactStore(resolve_root(args.root), create=False)
     if args.lineage:
-        stage, _, version = args.lineage.partition(":")
-        artifact = store.get(stage, version) if version else store.latest(stage)
-        if artifact is None:
-            raise ValueError(f"no artifact {args.lineage!r}")
+        artifact = store.find(args.lineage)
         for row in store.lineage(artifact.stage, artifact.version):
             print(f"{'  ' * row['depth']}{row['stage']} {row['version']} {json.dumps(row['parameters'], sort_keys=True)[:160]}")
         return 0
@@ -145,7 +163,7 @@ def _artifacts(args) -> int:
 def _sql(args) -> int:
     from storage import ArtifactStore, resolve_root
 
-    table = ArtifactStore(resolve_root(args.root)).sql(args.query, args.param or None)  # CatalogError: one line
+    table = ArtifactStore(resolve_root(args.root), create=False).sql(args.query, args.param or None)  # CatalogError: one line
     print(table.to_pandas().to_string(index=False) if table.num_rows else "(no rows)")
     return 0
 
@@ -175,7 +193,7 @@ def _promote(args) -> int:
     from storage import ArtifactStore, resolve_root
 
     if args.version is None:
-        rows = promotions(ArtifactStore(resolve_root(args.root)))
+        rows = promotions(ArtifactStore(resolve_root(args.root), create=False))
         if not rows:
             print("(no promotions)")
         for row in rows:
@@ -184,6 +202,22 @@ def _promote(args) -> int:
     record = promote(args.version, root=args.root, note=args.note)
     system = f" (system {record['system']})" if record.get("system") else ""
     print(f"promoted {record['stage']} {record['version']}{system}: `pforge search` serves it")
+    return 0
+
+
+def _gc(args) -> int:
+    from storage import ArtifactStore, resolve_root
+
+    store = ArtifactStore(resolve_root(args.root), create=False)
+    doomed = store.gc_plan(args.keep)
+    total = sum(r["disk_bytes"] for r in doomed)
+    for row in doomed:
+        print(f"{row['stage']:18s} {row['version']:16s} {row['disk_bytes']:>14,} bytes  {row['created_at']}")
+    if args.dry_run:
+        print(f"would remove {len(doomed)} artifact(s), {total:,} bytes, from {store.root} (dry run: nothing deleted)")
+        return 0
+    removed = store.gc(args.keep)
+    print(f"removed {len(removed)} artifact(s), {total:,} bytes, from {store.root}")
     return 0
 
 
@@ -218,7 +252,7 @@ def _serve(args) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote,
+COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
             "refresh": _refresh, "serve": _serve}
 
 if __name__ == "__main__":

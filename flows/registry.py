@@ -48,7 +48,7 @@ def _resolve_config_references(cfg: PipelineConfig, seen: tuple[Path, ...] = ())
             path = (cfg.config_dir / file).resolve()
             if path in seen:
                 raise PlanError(f"init_from {system.init_from!r}: configs refer to each other in a cycle")
-            other = _resolve_config_references(load_config(path), (*seen, path))
+            other = _resolve_config_references(load_config(path, smoke=cfg._smoke), (*seen, path))
             plan = plan_for(other)
             stage = f"train:{name}"
             if stage not in plan:
@@ -57,6 +57,6 @@ def _resolve_config_references(cfg: PipelineConfig, seen: tuple[Path, ...] = ())
             system = system.model_copy(update={"init_from": f"dense_model:{version}"})
         systems.append(system)
     resolved = cfg.model_copy(update={"dense": cfg.dense.model_copy(update={"systems": systems})})
-    resolved._config_dir = cfg._config_dir
+    resolved._config_dir, resolved._smoke = cfg._config_dir, cfg._smoke
     return resolved
 

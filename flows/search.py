@@ -16,6 +16,7 @@ BM25 and FAISS index that refreshes made from the ones the runs record (tasks/re
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -68,7 +69,7 @@ def search(question: str, system: str | None = None, *, promoted: bool = False, 
         raise ValueError(f"search: k must be >= 1, got {k}")
     if system is not None and promoted:
         raise ValueError("search: give a system or --promoted, not both")
-    store = store or ArtifactStore(resolve_root(str(root) if root is not None else None))
+    store = store or ArtifactStore(resolve_root(str(root) if root is not None else None), create=False)
     cfg = load_config(config) if isinstance(config, (str, Path)) else config
     planned = _planned(cfg)
     if promoted:
@@ -93,7 +94,7 @@ def promote(version: str, *, root: str | Path | None = None, note: str | None = 
             store: ArtifactStore | None = None) -> dict:
     """Record `version` (a dense_model version, a unique prefix of one, or `dense_model:VERSION`)
     as the encoder that serves searches; returns the catalog's promotion record."""
-    store = store or ArtifactStore(resolve_root(str(root) if root is not None else None))
+    store = store or ArtifactStore(resolve_root(str(root) if root is not None else None), create=False)
     artifact = resolve_model(store, version)
     if not (artifact.path / "model").is_dir():
         raise RuntimeError(f"{artifact.path}: {MODEL_STAGE} {artifact.version} has no model/ folder to serve")
@@ -120,10 +121,14 @@ def resolve_model(store: ArtifactStore, version: str) -> Artifact:
     wanted = wanted.strip()
     if not wanted:
         raise ValueError("promote: no version given")
-    exact = store.get(MODEL_STAGE, wanted)
+    # A version is a hex hash of this store's dense_model: a path (another store's folder, say) or a
+    # name matches nothing, so it cannot reach the record.
+    plain = re.fullmatch(r"[0-9a-f]+", wanted) is not None
+    exact = store.get(MODEL_STAGE, wanted) if plain else None
     if exact is not None:
         return exact
-    matches = sorted({row["version"] for row in store.list_artifacts(MODEL_STAGE) if row["version"].startswith(wanted)})
+    matches = sorted({row["version"] for row in store.list_artifacts(MODEL_STAGE)
+                      if plain and row["version"].startswith(wanted)})
     if len(matches) == 1:
         return store.get(MODEL_STAGE, matches[0])
     if matches:

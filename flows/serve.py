@@ -1,8 +1,10 @@
 """Register the pipeline and each of its stages as deployments on a Prefect server."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 from prefect import serve
 
 from flows.pipeline import pipeline
@@ -36,5 +38,30 @@ def build_deployments(config_paths: list[Path], root: str | None = None, cron: s
     return deployments
 
 
+def wait_for_server(api_url: str, within_s: float = 90.0, sleep=time.sleep) -> None:
+    """Waits, with bounded back-off, until the server answers its health check: a server still
+    starting (or busy) is not a failure. Prefect's client retries 503s and dropped connections
+    only once it has connected, so a first refused connection would end `serve` at once."""
+    deadline, wait, last = time.monotonic() + within_s, 0.5, "no answer"
+    while True:
+        try:
+            response = httpx.get(f"{api_url.rstrip('/')}/health", timeout=10)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() + wait > deadline:
+            raise RuntimeError(f"the Prefect server at {api_url} did not answer within {within_s:.0f} s ({last}); "
+                               "start it (prefect server start) or correct PREFECT_API_URL")
+        sleep(wait)
+        wait = min(wait * 2, 8.0)
+
+
 def serve_pipeline(config_paths: list[Path], root: str | None = None, cron: str | None = None) -> None:
-    serve(*build_deployments(config_paths, root, cron))
+    from prefect.settings import PREFECT_API_URL
+
+    deployments = build_deployments(config_paths, root, cron)  # a bad config fails before any wait
+    if PREFECT_API_URL.value():  # without one, Prefect starts (and waits for) an ephemeral server
+        wait_for_server(PREFECT_API_URL.value())
+    serve(*deployments)

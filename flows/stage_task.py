@@ -4,6 +4,7 @@ evaluation also publishes its report and metrics as Prefect artifacts before its
 committed (a failed publication registers nothing)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prefect import task
@@ -14,6 +15,8 @@ from flows.ui_artifacts import StageProgress, artifact_key, publish_summary
 from storage import Artifact, ArtifactStore
 from tasks.engine import Stage, run_stage
 from tasks.progress import listening
+
+logger = logging.getLogger("passage_forge")
 
 
 def _publish_evaluation(config_name: str):
@@ -32,6 +35,7 @@ def stage_task(stage: Stage, config_name: str):
     # The artifact store does the caching (content-hash versions), so Prefect's own is off.
     @task(name=stage.name, cache_policy=NO_CACHE, retries=0)
     def run(store: ArtifactStore, inputs: dict[str, Artifact]) -> Artifact:
+        logger.info("%s: running", stage.name)  # which stage a run is in, before its first report
         publish = _publish_evaluation(config_name) if stage.name == "evaluate" else None
         key = artifact_key(config_name, stage.name)
         with listening(StageProgress(f"{key}-progress", stage.name)):

@@ -1,6 +1,10 @@
 """What a stage shows in the Prefect UI besides its logs: a progress artifact while it runs (fed by
 tasks.progress.report) and a summary once it is built (version, rows, stats, its plots). Both are
-reports about the run, never part of the artifact: a failed UI call is logged, not raised."""
+reports about the run, never part of the artifact: a failed UI call is logged, not raised.
+
+Prefect's client retries a busy server's answers (429/502/503) and dropped connections with
+bounded back-off (PREFECT_CLIENT_MAX_RETRIES), but not a refused first connection of a new client,
+which every one of these calls is: that one (a server restarting) is retried here, boundedly."""
 from __future__ import annotations
 
 import base64
@@ -10,12 +14,14 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from storage import Artifact
 
 logger = logging.getLogger("passage_forge")
 MAX_IMAGE_BYTES = 256_000   # a plot is embedded in the summary (data URI) up to this size
+TRIES = 3                   # a refused connection is tried again this often, at doubling intervals
 
 
 def artifact_key(*parts: str) -> str:
@@ -32,11 +38,13 @@ class StageProgress:
         self.key, self.stage, self.every_s = key, stage, every_s
         self.artifact_id = None
         self.last = float("-inf")
+        self.refused = 0     # refused connections in a row; the next try waits every_s * 2**refused
         self.failed = False
 
     def __call__(self, label: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if self.failed or (done < total and now - self.last < self.every_s):
+        interval = self.every_s * 2 ** self.refused
+        if self.failed or ((done < total or self.refused) and now - self.last < interval):
             return
         self.last = now
         percent = min(100.0, 100.0 * done / total)
@@ -46,9 +54,17 @@ class StageProgress:
                 self.artifact_id = create_progress_artifact(percent, key=self.key, description=description)
             else:
                 update_progress_artifact(self.artifact_id, percent, description=description)
+            self.refused = 0
+        except httpx.ConnectError as exc:  # the loop goes on; a later report tries again
+            self.refused += 1
+            if self.refused >= TRIES:
+                self._give_up(exc)
         except Exception as exc:  # the UI is a report: the stage goes on without it
-            self.failed = True
-            logger.warning("%s: progress artifact not updated (%s)", self.stage, exc)
+            self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        self.failed = True
+        logger.warning("%s: progress artifact not updated (%s)", self.stage, exc)
 
 
 def summary_markdown(stage_name: str, artifact: Artifact) -> str:
@@ -85,9 +101,18 @@ def _embedded(png: Path) -> str:
     return f"![{png.name}](data:image/png;base64,{data})\n"
 
 
-def publish_summary(key: str, stage_name: str, artifact: Artifact) -> None:
-    try:
-        create_markdown_artifact(key=key, markdown=summary_markdown(stage_name, artifact),
-                                 description=f"{stage_name}: {artifact.stage} {artifact.version}")
-    except Exception as exc:  # as for progress: the artifact is committed; the UI note is optional
-        logger.warning("%s: summary artifact not published (%s)", stage_name, exc)
+def publish_summary(key: str, stage_name: str, artifact: Artifact, sleep=time.sleep) -> None:
+    markdown = summary_markdown(stage_name, artifact)
+    for attempt in range(TRIES):
+        try:
+            create_markdown_artifact(key=key, markdown=markdown,
+                                     description=f"{stage_name}: {artifact.stage} {artifact.version}")
+            return
+        except httpx.ConnectError as exc:
+            if attempt == TRIES - 1:
+                logger.warning("%s: summary artifact not published (%s)", stage_name, exc)
+                return
+            sleep(2.0 ** attempt)
+        except Exception as exc:  # as for progress: the artifact is committed; the UI note is optional
+            logger.warning("%s: summary artifact not published (%s)", stage_name, exc)
+            return

@@ -127,6 +127,10 @@ def _build_cached(alias: str, spec: PackagedCheckpoint, files: list[Path]) -> Pa
         try:
             spec.build(files, work)
             work.rename(target)
+        except OSError:
+            shutil.rmtree(work, ignore_errors=True)
+            if not target.is_dir():  # not a concurrent build that finished first: a real failure
+                raise
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise

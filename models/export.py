@@ -68,11 +68,11 @@ def _versions() -> dict[str, str]:
         out["transformers"] = transformers.__version__
     except ImportError:  # pragma: no cover
         pass
-    try:
-        import sentence_transformers
+    try:  # the installed version without importing it (the import costs 10 s or more)
+        from importlib.metadata import PackageNotFoundError, version
 
-        out["sentence_transformers"] = sentence_transformers.__version__
-    except ImportError:
+        out["sentence_transformers"] = version("sentence-transformers")
+    except PackageNotFoundError:
         out["sentence_transformers"] = "2.3.0"  # oldest format this layout targets
     return out
 

@@ -13,12 +13,20 @@ catalog's own tables), the view is "S_T" instead. A stage whose artifacts carry 
 version of each variant in its views, unioned, with the variant's columns added where the table
 lacks them.
 
+User SQL (`pforge sql`, `ArtifactStore.sql`) is one read statement (SELECT, SHOW, DESCRIBE,
+EXPLAIN, PRAGMA, CALL) run on a sandboxed read-only connection: files under the root only (the
+views read its Parquet), no extensions, no ATTACH, the configuration locked.
+
+A rebuild that cannot write (a full disk: DuckDB raises a FatalException) leaves the catalog in
+place and raises StoreWriteError, one line naming the root and the cause.
+
 Promotions (`pforge promote`) are recorded in <root>/promotions.jsonl (append-only, fsynced, under
 the rebuild lock) and indexed in the `promotions` table; a catalog built before the record last
 changed counts as stale, so the next open rebuilds it.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -85,6 +93,27 @@ class CatalogError(ValueError):
     """A query the catalog refused: bad SQL, an unknown view, a missing parameter, a write."""
 
 
+class StoreWriteError(OSError):
+    """The store could not write (a full disk, most often): one line naming the root and the cause.
+    Built as OSError(errno, message), so it pickles and Prefect can carry it across processes."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC as Python, pyarrow (errno unset) or DuckDB (a FatalException or IOException) report it."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "no space left on device" in str(exc).lower()
+
+
+def write_error(root: Path, doing: str, exc: BaseException) -> StoreWriteError:
+    if is_disk_full(exc):
+        return StoreWriteError(errno.ENOSPC, f"{root}: no space left on device while {doing}: free space on that "
+                                             "disk (or `pforge gc`) and rerun")
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return StoreWriteError(getattr(exc, "errno", None) or errno.EIO, f"{root}: {doing} failed: {first}")
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -141,10 +170,26 @@ class Catalog:
             return None
         return row[1]
 
+    @contextmanager
+    def sandboxed(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read connection for user SQL: files under the root only (the views read its Parquet),
+        no extensions, no ATTACH, and a locked configuration so the query cannot undo any of it."""
+        with self.read() as con:
+            # allowed_directories must be set before external access goes off (DuckDB refuses it after).
+            con.execute("SET allowed_directories = ?", [[str(self.root) + os.sep]])
+            con.execute("SET autoinstall_known_extensions = false")
+            con.execute("SET autoload_known_extensions = false")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            yield con
+
     def query(self, sql: str, params: list | None = None) -> pa.Table:
+        """One read-only statement (SELECT, SHOW, DESCRIBE, EXPLAIN, PRAGMA, CALL) in the sandbox."""
+        statement = _one_statement(sql)
         try:
-            with self.read() as con:
-                return con.sql(sql, params=params or None).to_arrow_table()
+            with self.sandboxed() as con:
+                result = con.sql(statement, params=params or None)
+                return result.to_arrow_table() if result is not None else pa.table({})
         except duckdb.Error as exc:
             # One line: DuckDB's first line names the error class and the offending token.
             raise CatalogError(f"catalog query failed: {str(exc).strip().splitlines()[0]}") from exc
@@ -154,29 +199,40 @@ class Catalog:
         """Write a new catalog for `committed` (as scanned from disk) and swap it in atomically."""
         tmp = self.root / f".catalog-{os.getpid()}-{secrets.token_hex(4)}.duckdb"
         try:
-            con = duckdb.connect(str(tmp))
             try:
-                con.execute(SCHEMA)
-                promotions_raw = self._promotions_bytes()
-                _fill_promotions(con, parse_promotions(promotions_raw))
-                rows = [row_from_manifest(m, p) for m, p in committed.values()]
-                if rows:
-                    con.executemany(f"INSERT INTO artifacts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                                    [[r[c] for c in COLUMNS] for r in rows])
-                _create_views(con, committed)
-                con.execute(f"INSERT INTO {META_TABLE} VALUES (?, ?, ?)",
-                            [FORMAT, fingerprint(committed), _digest(promotions_raw)])
-                con.execute("CHECKPOINT")
-            finally:
-                con.close()
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+                self._write(tmp, committed)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            except (duckdb.Error, OSError) as exc:
+                # A full disk surfaces as a DuckDB FatalException (which invalidates that database:
+                # it was a temporary one, dropped below) or IOException: the catalog in place stays.
+                raise write_error(self.root, "writing the catalog", exc) from exc
             os.replace(tmp, self.path)
             fsync_dir(self.root)
         finally:
             for leftover in (tmp, Path(f"{tmp}.wal")):
                 leftover.unlink(missing_ok=True)
         Path(f"{self.path}.wal").unlink(missing_ok=True)  # a WAL of a replaced file would be replayed onto the new one
+
+    def _write(self, tmp: Path, committed: Committed) -> None:
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute(SCHEMA)
+            promotions_raw = self._promotions_bytes()
+            _fill_promotions(con, parse_promotions(promotions_raw))
+            rows = [row_from_manifest(m, p) for m, p in committed.values()]
+            if rows:
+                con.executemany(f"INSERT INTO artifacts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                                [[r[c] for c in COLUMNS] for r in rows])
+            _create_views(con, committed)
+            con.execute(f"INSERT INTO {META_TABLE} VALUES (?, ?, ?)",
+                        [FORMAT, fingerprint(committed), _digest(promotions_raw)])
+            con.execute("CHECKPOINT")
+        finally:
+            try:
+                con.close()
+            except duckdb.Error:  # closing a connection a FatalException invalidated
+                pass
 
     @contextmanager
     def rebuilding(self) -> Iterator[None]:
@@ -215,6 +271,8 @@ class Catalog:
             try:
                 os.write(fd, line.encode("utf-8"))
                 os.fsync(fd)
+            except OSError as exc:  # a torn line this leaves is skipped when read
+                raise write_error(self.root, "recording the promotion", exc) from exc
             finally:
                 os.close(fd)
             if created:
@@ -225,6 +283,33 @@ class Catalog:
         """Temporary catalogs of rebuilds that died (called under the rebuild lock)."""
         for leftover in self.root.glob(".catalog-*.duckdb*"):
             leftover.unlink(missing_ok=True)
+
+
+# What user SQL may be: reads. COPY (even into the root), ATTACH, INSTALL/LOAD, SET, CREATE...
+# are refused by type before DuckDB sees them; the sandbox's file rules are the second fence.
+READ_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.PRAGMA,
+                   duckdb.StatementType.CALL}
+
+
+def _one_statement(sql: str) -> str:
+    """The text of the single statement in `sql`. More than one is refused rather than run with
+    only the last result shown: parameters ($1, ...) bind to one statement, and a caller gets one
+    table back."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise CatalogError(f"catalog query failed: {str(exc).strip().splitlines()[0]}") from exc
+    if not statements:
+        raise CatalogError("catalog query failed: no SQL statement in the query (it is empty or only comments)")
+    if len(statements) > 1:
+        raise CatalogError(f"catalog query failed: {len(statements)} statements in one query; "
+                           "give one statement per query")
+    statement = statements[0]
+    if statement.type not in READ_STATEMENTS:
+        kind = statement.type.name.replace("_", " ")
+        raise CatalogError(f"catalog query failed: the catalog is read-only: {kind} statements are refused "
+                           "(queries read the views and tables; they write nothing)")
+    return statement.query
 
 
 def _latest_per_variant(committed: Committed) -> list[tuple[str, list[tuple[str, dict, Path]]]]:

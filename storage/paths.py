@@ -50,8 +50,13 @@ def tmp_dir_version(name: str) -> str | None:
     return parts[0] if len(parts) >= 3 else None
 
 
+def is_plain_name(name: str) -> bool:
+    """A name that is one folder under its parent: no separators, no dots, nothing hidden."""
+    return isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_\-]*", name) is not None
+
+
 def check_name(kind: str, name: str) -> str:
     """Stage and table names become folder and SQL view names: keep them plain."""
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_\-]*", name):
+    if not is_plain_name(name):
         raise ValueError(f"invalid {kind} name {name!r}: use letters, digits, _ and -")
     return name

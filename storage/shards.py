@@ -4,10 +4,13 @@ that starts again at the same version computes only the shards it lacks.
 Shards may compute anywhere: `build_shards` takes a `runner` (tasks/runners.py makes one from the
 config) that runs `compute_shard` calls in threads or on other processes. Whoever computes a shard
 writes it, whole, into the work folder; the build lists the files in shard order, so the output
-is the same bytes whichever runner ran it.
+is the same bytes whichever runner ran it (where every shard computes with the same thread count:
+tasks/runners.py pins it).
 
-A work folder belongs to one shard plan (the shard inputs): a build resumed with another
-partition (a changed runtime `shard_size`) discards the old shards instead of mixing them in."""
+A work folder belongs to one shard plan (the shard inputs, and whatever else the caller says
+the shards' bytes depend on, such as the intra-op thread count they computed with): a build
+resumed with another plan (a changed runtime `shard_size` or thread count) discards the old shards
+instead of mixing them in."""
 from __future__ import annotations
 
 import hashlib
@@ -63,23 +66,27 @@ def _digest(value: Any, h) -> None:
         h.update(type(value).__name__.encode() + b":" + repr(value).encode() + b";")
 
 
-def plan_fingerprint(specs: int | Sequence[Any]) -> str:
-    """What a work folder's shards were computed from: the shard count and every shard's input."""
+def plan_fingerprint(specs: int | Sequence[Any], extra: Any = None) -> str:
+    """What a work folder's shards were computed from: the shard count and every shard's input
+    (and `extra`, the other things their bytes depend on, when given)."""
     h = hashlib.sha256()
     _digest(specs if isinstance(specs, int) else list(specs), h)
+    if extra is not None:
+        _digest(extra, h)
     return h.hexdigest()
 
 
-def _adopt_plan(work: Path, specs: int | Sequence[Any], label: str) -> None:
-    """Keep the finished shards only if they were made from these shard inputs; otherwise (a
-    resumed build whose partition changed, or shards of unknown origin) remove them first."""
+def _adopt_plan(work: Path, specs: int | Sequence[Any], label: str, extra: Any = None) -> None:
+    """Keep the finished shards only if they were made from this plan; otherwise (a resumed
+    build whose partition or thread count changed, or shards of unknown origin) remove them first."""
     plan = work / PLAN
-    fingerprint = plan_fingerprint(specs)
+    fingerprint = plan_fingerprint(specs, extra)
     if plan.exists() and plan.read_text() == fingerprint:
         return
     stale = sorted(work.glob("shard-*.parquet"))
     if stale:
-        logger.warning("%s: %d finished shards in %s were made from another shard plan (a changed shard size?): "
+        logger.warning("%s: %d finished shards in %s were made from another shard plan (a changed shard size or "
+                       "thread count?): "
                        "recomputing them", label, len(stale), work)
         for f in stale:
             f.unlink()
@@ -90,14 +97,15 @@ def _adopt_plan(work: Path, specs: int | Sequence[Any], label: str) -> None:
 
 def build_shards(work: Path, shards: int | Sequence[Any], compute: Callable[[Any], pa.Table],
                  on_shard: Callable[[int, bool], None] | None = None, runner: Runner | None = None,
-                 label: str = "shard") -> list[Path]:
+                 label: str = "shard", plan: Any = None) -> list[Path]:
     """Shard i is `compute(i)` (`shards` a count) or `compute(shards[i])` (each shard's own input),
     written once: an existing shard file of the same plan is kept (a resumed build). Without a runner the shards
     compute here, in order. With one, `compute` and the shard inputs travel to its workers, so
     they are picklable and small: a module-level function (or a partial of one) that loads its
     model once per process, and the shard's own rows. `on_shard(i, reused)` reports each shard
-    (with a runner, as it finishes). Returns the shard files in order."""
-    _adopt_plan(work, shards, label)
+    (with a runner, as it finishes). `plan` (e.g. the thread count) joins the shard inputs in the
+    plan a resumed build must match. Returns the shard files in order."""
+    _adopt_plan(work, shards, label, plan)
     specs = range(shards) if isinstance(shards, int) else shards
     files = [shard_path(work, i) for i in range(len(specs))]
     if runner is None:

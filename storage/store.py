@@ -8,6 +8,7 @@ Commit protocol (a crash at any point leaves the whole artifact or nothing visib
   4. rebuild the DuckDB catalog from the manifests and swap it in (storage/catalog.py)
 A crash before 3 leaves a tmp dir whose lock nobody holds: the next open deletes it.
 A crash between 3 and 4 leaves a committed folder the catalog lacks: the next open rebuilds it.
+An error in 4 (a full disk) withdraws the folder: a stage reported failed is never in the store.
 
 The store keeps an index of the committed manifests, scanned once when it opens: open one store
 per flow run and pass it around, rather than reopening it per stage.
@@ -23,9 +24,9 @@ import pyarrow as pa
 
 from . import paths
 from .artifact import Artifact
-from .catalog import Catalog, fingerprint, parse_json_columns, row_from_manifest
+from .catalog import Catalog, fingerprint, is_disk_full, parse_json_columns, row_from_manifest, write_error
 from .fsutil import fsync_dir, fsync_tree, remove_tree
-from .hashing import normalize, version_for
+from .hashing import canonical_json, normalize, version_for
 from .locks import file_lock
 from .manifest import MANIFEST, build_manifest, parse_created_at, read_manifest, write_manifest
 
@@ -33,9 +34,19 @@ BuildFn = Callable[[Path], "dict | None"]
 Progress = Callable[[str], Any]
 
 
+class MissingStoreError(FileNotFoundError):
+    """A read-only command named a root that does not exist (a typo must not make a new store)."""
+
+
 class ArtifactStore:
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, create: bool = True):
+        """Open the store at `root`. `create=False` (commands that only read, promote or gc) refuses
+        a missing root instead of making an empty store there."""
         self.root = Path(root).expanduser().resolve()
+        if not create and not self.root.is_dir():
+            what = "is not a folder" if self.root.exists() else "does not exist"
+            raise MissingStoreError(f"{self.root}: no artifact store there (the folder {what}); check --root or "
+                                    f"${paths.ENV_HOME}, or build one with `pforge run`")
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root)
         self._index: dict[tuple[str, str], tuple[dict, Path]] = {}
@@ -112,9 +123,11 @@ class ArtifactStore:
 
     # -- reading ---------------------------------------------------------------------
     def _load(self, stage: str, version: str, cache_hit: bool = False) -> Artifact | None:
+        if not (paths.is_plain_name(stage) and paths.is_plain_name(version)):
+            return None  # "../other-root/x" is no version of this store
         vdir = paths.version_dir(self.root, stage, version)
         manifest = read_manifest(vdir)
-        if manifest is None:
+        if manifest is None or manifest.get("stage") != stage or manifest.get("version") != version:
             return None
         return Artifact(stage=stage, version=version, path=vdir, manifest=manifest, cache_hit=cache_hit)
 
@@ -130,6 +143,28 @@ class ArtifactStore:
         mine = [(parse_created_at(m["created_at"]), v) for (s, v), (m, p) in self._index.items()
                 if s == stage and p.is_dir() and (variant is None or (m.get("variant") or {}) == dict(variant))]
         return self._load(stage, max(mine)[1]) if mine else None
+
+    def find(self, spec: str) -> Artifact:
+        """The artifact `spec` names: `STAGE` (its latest version), `STAGE:VERSION` or a bare
+        `VERSION` (as `pforge run` prints it), a version possibly shortened to a unique prefix.
+        ValueError (one line, naming the root) when nothing or several match."""
+        spec = spec.strip()
+        self._index = self._committed_on_disk()
+        stages = sorted({s for s, _ in self._index})
+        stage, _, version = spec.rpartition(":") if ":" in spec else ("", "", spec)
+        if not stage and version in stages:  # a stage name alone: its latest version
+            return self.latest(version)
+        if stage and stage not in stages:
+            raise ValueError(f"{self.root}: no artifact of stage {stage!r}; stages: {', '.join(stages) or '(none)'}")
+        matches = sorted((s, v) for s, v in self._index
+                         if version and v.startswith(version) and (not stage or s == stage))
+        if len(matches) == 1:
+            return self._load(*matches[0])
+        if matches:
+            raise ValueError(f"{self.root}: {spec!r} matches several artifacts: "
+                             + ", ".join(f"{s}:{v}" for s, v in matches[:10]))
+        raise ValueError(f"{self.root}: no artifact {spec!r}; give a stage ({', '.join(stages) or 'none yet'}), "
+                         "STAGE:VERSION or a version")
 
     def stages_of(self, version: str) -> list[str]:
         return sorted(s for s, v in self._index if v == version)
@@ -207,15 +242,34 @@ class ArtifactStore:
                 write_manifest(tmp, manifest)
                 fsync_tree(tmp)
                 os.rename(tmp, final)
-            except BaseException:
+            except BaseException as exc:
                 remove_tree(tmp)
+                if isinstance(exc, Exception) and is_disk_full(exc):
+                    raise write_error(self.root, f"building {stage}", exc) from exc
                 raise
-            fsync_dir(final.parent)
-            # Still under the version lock: a waiting writer sees the catalog row when it wakes.
-            self.register(manifest, final)
+            try:
+                fsync_dir(final.parent)
+                # Still under the version lock: a waiting writer sees the catalog row when it wakes.
+                self.register(manifest, final)
+            except Exception as exc:
+                # The report must match the store: a stage that fails here (a full disk while the
+                # catalog is written) is withdrawn, not left to appear once space is freed. The
+                # catalog in place never listed it (it is swapped in last).
+                self._index.pop((stage, version), None)
+                self._withdraw(final)
+                if isinstance(exc, OSError) and is_disk_full(exc):
+                    raise write_error(self.root, f"committing {stage}", exc) from exc
+                raise
             remove_tree(paths.work_dir(self.root, stage, version))  # a resumable build's scratch
         say(f"committed {stage}/{version} ({manifest['rows']} rows, {build_s:.2f}s)")
         return Artifact(stage=stage, version=version, path=final, manifest=manifest, cache_hit=False)
+
+    def _withdraw(self, vdir: Path) -> None:
+        """Make a version folder vanish at once (rename), then delete it; the caller holds its lock."""
+        if vdir.exists():
+            trash = vdir.parent / f"{paths.TRASH_PREFIX}{vdir.name}-{os.getpid()}"
+            os.rename(vdir, trash)
+            remove_tree(trash)
 
     def register(self, manifest: dict, path: Path) -> None:
         """Record a committed artifact: index it and rebuild the catalog (which rescans the disk,
@@ -238,25 +292,36 @@ class ArtifactStore:
         return art
 
     # -- garbage collection -------------------------------------------------------------
-    def gc(self, keep_latest: int = 1) -> list[Path]:
-        """Delete all but the `keep_latest` newest versions of each stage, sparing any promoted
-        version (`pforge promote`) and any version that a kept one (transitively) uses as input.
-        Returns removed paths."""
+    def gc_plan(self, keep_latest: int = 1) -> list[dict]:
+        """What `gc(keep_latest)` would delete: catalog rows plus `disk_bytes` (measured on disk).
+
+        Kept: the `keep_latest` newest versions of each stage and variant (one per system, say);
+        every promoted version (`pforge promote`) and the newest `keep_latest` of each stage and
+        variant among its direct consumers (a promoted encoder's embeddings and runs, which its
+        index comes with), since those are what a promotion serves; and everything a kept
+        artifact (transitively) uses as input."""
         if keep_latest < 1:
-            raise ValueError("keep_latest must be >= 1")
+            raise ValueError(f"gc: keep_latest must be >= 1, got {keep_latest}")
         rows = self.list_artifacts()
-        by_stage: dict[str, list[dict]] = {}
-        for r in rows:
-            by_stage.setdefault(r["stage"], []).append(r)
-        keep: set[tuple[str, str]] = set()
         promoted = {(p["stage"], p["version"]) for p in self.catalog.promotions()}
-        for stage_rows in by_stage.values():
-            stage_rows.sort(key=lambda r: (r["created_at"], r["version"]), reverse=True)
-            spared = stage_rows[:keep_latest] + [r for r in stage_rows[keep_latest:] if (r["stage"], r["version"]) in promoted]
-            for r in spared:
-                for item in self.lineage(r["stage"], r["version"]):
-                    keep.add((item["stage"], item["version"]))
-        doomed = [(r["stage"], r["version"]) for r in rows if (r["stage"], r["version"]) not in keep]
+        present = {(r["stage"], r["version"]) for r in rows}
+        spared = set(_newest_per_variant(rows, keep_latest)) | (promoted & present)
+        for stage, version in list(promoted):
+            consumers = [r for r in rows if any(rec.get("stage") == stage and rec.get("version") == version
+                                                for rec in (r["inputs"] or {}).values())]
+            spared |= set(_newest_per_variant(consumers, keep_latest))
+        keep: set[tuple[str, str]] = set()
+        for stage, version in spared:
+            for item in self.lineage(stage, version):
+                keep.add((item["stage"], item["version"]))
+        doomed = [r for r in rows if (r["stage"], r["version"]) not in keep]
+        for r in doomed:
+            r["disk_bytes"] = _disk_bytes(Path(r["path"]))
+        return doomed
+
+    def gc(self, keep_latest: int = 1) -> list[Path]:
+        """Delete what `gc_plan(keep_latest)` lists. Returns the removed folders."""
+        doomed = [(r["stage"], r["version"]) for r in self.gc_plan(keep_latest)]
         if not doomed:
             return []
         # Catalog first, so nothing listed ever points at a half-deleted folder.
@@ -269,8 +334,22 @@ class ArtifactStore:
             vdir = paths.version_dir(self.root, stage, version)
             with file_lock(paths.lock_file(self.root, stage, version)):
                 if vdir.exists():
-                    trash = vdir.parent / f"{paths.TRASH_PREFIX}{version}-{os.getpid()}"
-                    os.rename(vdir, trash)  # atomic disappearance; the slow delete comes after
-                    remove_tree(trash)
+                    self._withdraw(vdir)  # atomic disappearance; the slow delete comes after
                     removed.append(vdir)
         return removed
+
+
+def _newest_per_variant(rows: list[dict], n: int) -> list[tuple[str, str]]:
+    """(stage, version) of the `n` newest rows of each stage and variant."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["stage"], canonical_json(r.get("variant") or {})), []).append(r)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda r: (r["created_at"], r["version"]), reverse=True)
+        out += [(r["stage"], r["version"]) for r in group[:n]]
+    return out
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())

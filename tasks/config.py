@@ -11,6 +11,7 @@ from tasks.bm25.stages import BM25Config
 from tasks.chunking.stages import ChunkConfig
 from tasks.dense.stages import DenseModelConfig, EncodeConfig, FaissConfig
 from tasks.evaluation.stages import EvalConfig
+from tasks.model_refs import check_model_reference
 from tasks.fusion.stages import FusionConfig, HybridConfig
 from tasks.negatives.stages import NegativesConfig
 from tasks.qgen.stages import QgenConfig
@@ -103,6 +104,8 @@ class PipelineConfig(_Strict):
         "local, threads, or dask (a local cluster, or a remote scheduler's address); changes no version"))
     # The folder of the YAML file (relative init_from paths and config references start there).
     _config_dir: Optional[Path] = PrivateAttr(default=None)
+    # Loaded with the smoke overlay (tasks/smoke.py): configs it refers to are loaded the same way.
+    _smoke: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _known_negatives(self):
@@ -148,6 +151,50 @@ class PipelineConfig(_Strict):
         check_pretrain_config(self)
         return self
 
+    @model_validator(mode="after")
+    def _known_models(self):
+        """Every model a stage will load names one that exists now (an alias, a folder, a hub name
+        that is reachable), not a hub URL error minutes into the run."""
+        refs = [("qgen.generator", self.qgen.generator)] if self.qgen else []
+        refs += [(f"dense.systems.{s.name}.model.base", s.model.base) for s in self.dense.systems] if self.dense else []
+        refs += [("cross_encoder.base", self.cross_encoder.base)] if self.cross_encoder else []
+        refs += [(f"pretrain.{p.name}.base", p.base) for p in self.pretrain]
+        for where, name in refs:
+            try:
+                check_model_reference(name)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _known_run_systems(self):
+        """Fusions and reranks name systems this config produces runs for, in the order the plan
+        declares them: bm25, the evaluated dense systems, hybrid(NAME), earlier fusions."""
+        evaluated = [s.name for s in (self.dense.systems if self.dense else []) if s.evaluate]
+        systems = ["bm25", *evaluated]
+        if self.dense and self.dense.hybrid:
+            systems.append(f"hybrid({self.dense.hybrid.system})")
+        for fusion in self.fusion:
+            unknown = [r for r in fusion.runs if r not in systems]
+            if unknown:
+                raise ValueError(f"fusion {fusion.name!r}: runs {unknown} name no system of this config; systems "
+                                 f"(earlier ones only): {systems}")
+            if fusion.name in systems:
+                raise ValueError(f"fusion {fusion.name!r}: the name is already a system of this config: {systems}")
+            systems.append(fusion.name)
+        for rerank in self.rerank:
+            if rerank.run not in systems:
+                raise ValueError(f"rerank run {rerank.run!r} names no system of this config; systems: {systems}")
+        names = [r.system for r in self.rerank]
+        taken = [n for n in names if n in systems or names.count(n) > 1]
+        if taken:
+            raise ValueError(f"rerank systems {sorted(set(taken))}: each rerank needs a name of its own (name:), "
+                             f"not one of {systems} nor another rerank's")
+        if self.silver.retriever not in ["bm25", *evaluated]:
+            raise ValueError(f"silver.retriever {self.silver.retriever!r} is neither bm25 nor an evaluated dense system "
+                             f"of this config: {evaluated}")
+        return self
+
     @property
     def config_dir(self) -> Path:
         return self._config_dir or PROJECT_ROOT / "configs"
@@ -191,14 +238,20 @@ def _resolved_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return merge_config(_resolved_raw(base_path, (*seen, path.resolve())), raw)
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a YAML config (after `extends:`); errors name the file and the offending field."""
+def load_config(path: str | Path, smoke: bool = False) -> PipelineConfig:
+    """Read and validate a YAML config (after `extends:`); errors name the file and the offending field.
+    `smoke`: the config under the smoke overlay (tasks/smoke.py), the same stages on little work."""
     path = Path(path)
     raw = _resolved_raw(path)
+    if smoke:
+        from tasks.smoke import smoke_overlay
+
+        raw = smoke_overlay(raw)
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: invalid config: {where}") from exc
     cfg._config_dir = path.resolve().parent
+    cfg._smoke = smoke
     return cfg

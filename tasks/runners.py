@@ -5,9 +5,11 @@ scheduler's `address`). `threads` and `dask` submit one Prefect task per shard, 
 shows in the UI.
 
 The runner says where, never what: it is a RUNTIME field of every sharded stage's params (no
-version changes with it), and the shards' bytes are the same whichever runner computed them
-(tests/test_dask_runner.py). Dask workers on other machines need the artifact store's folder at the
-same path (the models they load and the work folder they write shards into).
+version changes with it). Every shard computes with one torch intra-op thread count (`intra_op_threads`,
+tasks/threads.py), here or in any worker, so on one machine the shards' bytes are the same whichever
+runner computed them (tests/test_dask_runner.py); `runner_stats` records it in the artifact's stats.
+Dask workers on other machines need the artifact store's folder at the same path (the models they
+load and the work folder they write shards into).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from storage.shards import Runner, build_shards
 from tasks.progress import report
+from tasks.threads import WithThreads, resolve_threads
 
 # tcp://host:8786, tls://..., or host:port (Dask's own forms)
 _ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss|inproc)://\S+|[^\s:/]+:\d+)$")
@@ -35,6 +38,10 @@ class RunnerConfig(BaseModel):
     address: Optional[str] = Field(None, description="dask only: a running scheduler, e.g. tcp://scheduler:8786 "
                                                      "(empty: a local cluster of `workers` processes)")
     workers: int = Field(2, ge=1, description="threads, or the local Dask cluster's worker processes")
+    intra_op_threads: Optional[int] = Field(None, ge=1, description=(
+        "torch intra-op threads every shard computes with, in this process and in every worker (one count: the same "
+        "float sums, so the same bytes whichever runner); empty: $PFORGE_THREADS, else this process's count. A local "
+        "cluster uses workers x intra_op_threads cores"))
 
     @model_validator(mode="after")
     def _address(self):
@@ -114,12 +121,21 @@ def prefect_runner(cfg: RunnerConfig) -> Runner:
     return run
 
 
+def runner_stats(cfg: RunnerConfig | None) -> dict:
+    """What a sharded stage records in its stats about where and how its shards computed."""
+    cfg = cfg or LOCAL
+    return {"runner": cfg.kind, "intra_op_threads": resolve_threads(cfg.intra_op_threads)}
+
+
 def run_shards(cfg: RunnerConfig | None, work: Path, shards: int | Sequence[Any], compute: Callable[[Any], pa.Table],
                on_shard: Callable[[int, bool], None] | None = None, label: str = "shard") -> list[Path]:
-    """`storage.shards.build_shards` on `cfg`'s runner. The models this process loaded for the
-    shards (local and threads runners) are let go when the last sharded build here ends."""
+    """`storage.shards.build_shards` on `cfg`'s runner, every shard computing with the build's
+    intra-op thread count (`runner_stats`), which is part of the shard plan: a build resumed with
+    another count recomputes its shards rather than mix their bytes. The models this process loaded
+    for the shards (local and threads runners) are let go when the last sharded build here ends."""
     global _builds
     cfg = cfg or LOCAL
+    threads = resolve_threads(cfg.intra_op_threads)
     total = shards if isinstance(shards, int) else len(shards)
     done = 0
 
@@ -132,8 +148,9 @@ def run_shards(cfg: RunnerConfig | None, work: Path, shards: int | Sequence[Any]
     with _cache_lock:
         _builds += 1
     try:
-        return build_shards(work, shards, compute, reported, runner=None if cfg.kind == "local" else prefect_runner(cfg),
-                            label=label)
+        return build_shards(work, shards, WithThreads(compute, threads), reported,
+                            runner=None if cfg.kind == "local" else prefect_runner(cfg), label=label,
+                            plan={"intra_op_threads": threads})
     finally:
         with _cache_lock:
             _builds -= 1

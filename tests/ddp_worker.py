@@ -3,8 +3,11 @@ in one process, and saves what tests/test_ddp.py compares:
 
     torchrun --nproc_per_node 2 -m tests.ddp_worker CHECKPOINT OUT_DIR GLOBAL_BATCH
 
-OUT_DIR/<loss>-rank<R>.pt holds the initial and final weights, the gradients of step 1 and the
-history; each run writes to OUT_DIR/<loss>/rank<R>/ (only rank 0 may write anything there).
+OUT_DIR/<loss>-rank<R>.pt holds the initial and final weights, the gradients of step 1, the torch
+thread count step 1 ran with and the history; each run writes to OUT_DIR/<loss>/rank<R>/ (only
+rank 0 may write anything there). In one process, `main(..., perturb=(size, seed))` first moves
+every weight by a random relative amount of at most `size` (tests/test_ddp.py measures how far
+float32 rounding can move the gradients).
 Under torchrun it then builds a toy training stage through flows/ddp.py (`build_stage_twice`).
 """
 from __future__ import annotations
@@ -32,13 +35,16 @@ class FirstStepGradients(TrainerCallback):
 
     def __init__(self) -> None:
         self.grads: dict[str, torch.Tensor] = {}
+        self.threads = 0
 
     def on_step_end(self, step, model, optimizer) -> None:
         if step == 1:
             self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            self.threads = torch.get_num_threads()
 
 
-def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank: int) -> None:
+def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank: int,
+          perturb: tuple[float, int] | None = None, steps: int = STEPS) -> None:
     from models import BiEncoder
     from models.losses import build_loss
     from models.pretraining import PRETRAINING_LOSSES, build_pretraining_loss
@@ -51,13 +57,19 @@ def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank:
     for module in model.modules():  # no dropout: one process and two ranks compute the same function
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+    if perturb is not None:
+        size, seed = perturb
+        draws = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1 + size * (2 * torch.rand(parameter.shape, generator=draws) - 1))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     examples = make_examples(n=4 * batch_size, pool=2, seed=0)
     if weighted:
         for i, example in enumerate(examples):
             example.weight = 0.25 + (i % 4) / 4
     recorder = FirstStepGradients()
-    args = TrainerArgs(lr=1e-3, batch_size=batch_size, max_steps=STEPS, warmup_ratio=0.0, hard_negatives=hard_negatives,
+    args = TrainerArgs(lr=1e-3, batch_size=batch_size, max_steps=steps, warmup_ratio=0.0, hard_negatives=hard_negatives,
                        query_max_len=16, passage_max_len=24, seed=0, max_grad_norm=None)
     if loss_name in PRETRAINING_LOSSES:
         from models.pretraining.masking import IGNORE
@@ -68,7 +80,7 @@ def train(loss_name: str, checkpoint: str, out_dir: Path, batch_size: int, rank:
         loss = build_loss(loss_name, model, **options)
     result = train_bi_encoder(model, loss, examples, args,
                               out_dir / loss_name / f"rank{rank}", progress=False, device="cpu", callbacks=[recorder])
-    torch.save({"initial": initial, "final": model.state_dict(), "grads": recorder.grads,
+    torch.save({"initial": initial, "final": model.state_dict(), "grads": recorder.grads, "threads": recorder.threads,
                 "history": result["history"]}, out_dir / f"{loss_name}-rank{rank}.pt")
 
 
@@ -111,14 +123,14 @@ def build_stage_twice(out_dir: Path, ranks) -> None:
     (out_dir / f"stage-rank{ranks.rank}.json").write_text(json.dumps(built))
 
 
-def main(checkpoint: str, out_dir: str, batch_size: int, losses=tuple(RUNS)) -> None:
+def main(checkpoint: str, out_dir: str, batch_size: int, losses=tuple(RUNS), perturb=None, steps: int = STEPS) -> None:
     from tasks.training.distributed import process_group
 
     torch.set_flush_denormal(True)  # tiny random BERTs: subnormals make CPU steps slow
     # One process group for all runs (run_training uses a caller's group, as flows/ddp.py's)
     with process_group(torch.device("cpu")) as ranks:
         for name in losses:
-            train(name, checkpoint, Path(out_dir), batch_size, ranks.rank)
+            train(name, checkpoint, Path(out_dir), batch_size, ranks.rank, perturb, steps)
         if ranks.distributed:
             build_stage_twice(Path(out_dir), ranks)
 

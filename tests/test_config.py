@@ -112,3 +112,67 @@ def test_a_train_only_system_trains_and_is_not_searched(tmp_path):
     names = set(plan_for(load_config(path)).stages)
     assert {"train:s1", "train:s2", "encode:s2", "search:s2"} <= names
     assert not {n for n in names if n.endswith(":s1") and not n.startswith("train:")}
+
+
+# Every reference and range is checked when the config loads, not after the pipeline started.
+CE = "cross_encoder: {}\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name: x\nqgen: {generator: no-such-model}\n", r"qgen\.generator: 'no-such-model' is a hub name, but the hub is offline"),
+    ("name: x\nqgen: {generator: 'no such model'}\n", r"qgen\.generator: 'no such model' is not a model"),
+    ("name: x\nqgen: {generator: ./no/such/folder}\n", r"qgen\.generator: './no/such/folder' is not a model"),
+    ("name: x\ndense: {systems: [{name: a, model: {base: nosuch}}]}\n", r"dense\.systems\.a\.model\.base: 'nosuch'"),
+    ("name: x\n" + CE.replace("{}", "{base: nosuch}"), r"cross_encoder\.base: 'nosuch'"),
+    ("name: x\npretrain: [{name: p, form: passage-passage, base: nosuch}]\n", r"pretrain\.p\.base: 'nosuch'"),
+    ("name: x\n" + CE + "rerank: [{run: nosuchsystem}]\n", r"rerank run 'nosuchsystem' names no system.*'bm25'"),
+    ("name: x\ndense: {systems: [{name: a}]}\n" + CE + "rerank: [{run: a}, {run: a}]\n", r"rerank systems \['a-rerank'\]"),
+    ("name: x\ndense: {systems: [{name: a}]}\n" + CE + "rerank: [{run: bm25, name: a}]\n", r"rerank systems \['a'\]"),
+    ("name: x\nfusion: [{name: f, runs: [bm25, nope]}]\n", r"fusion 'f': runs \['nope'\] name no system"),
+    ("name: x\ndense: {systems: [{name: a}]}\nfusion: [{name: f, runs: [bm25, g]}, {name: g, runs: [bm25, a]}]\n",
+     r"fusion 'f': runs \['g'\]"),  # a fusion fuses earlier systems only
+    ("name: x\ndense: {systems: [{name: a}]}\nfusion: [{name: a, runs: [bm25, a]}]\n", r"fusion 'a': the name is already"),
+    ("name: x\nsilver: {retriever: nope}\n", r"silver\.retriever 'nope'"),
+    ("name: x\nevaluation: {ks: [0]}\n", r"evaluation\.ks\.0: .*greater than or equal to 1"),
+    ("name: x\nevaluation: {ks: [5, -1]}\n", r"evaluation\.ks\.1"),
+    ("name: x\nevaluation: {ks: []}\n", r"evaluation\.ks"),
+])
+def test_references_and_ranges_are_checked_at_load(tmp_path, text, message, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as here and in CI: an uncached hub name is refused at load
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"c\.yaml: invalid config: .*{message}") as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+
+
+def test_model_references_that_exist_are_accepted(tmp_path, monkeypatch):
+    folder = tmp_path / "my-generator"
+    folder.mkdir()
+    for generator in ("smollm2", "SmolLM2", str(folder)):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"name: x\nqgen: {{generator: '{generator}'}}\n")
+        assert load_config(path).qgen.generator == generator
+    # A hub name: refused offline unless the local hub cache holds it; accepted online (it may download).
+    cache = tmp_path / "hub"
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    path.write_text("name: x\nqgen: {generator: some-org/t5-doc2query}\n")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"qgen\.generator: 'some-org/t5-doc2query' is a hub name, but the hub is offline"):
+        load_config(path)
+    (cache / "models--some-org--t5-doc2query" / "snapshots" / "abc123").mkdir(parents=True)
+    assert load_config(path).qgen.generator == "some-org/t5-doc2query"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for name in ("other-org/uncached", "bert-base-uncased"):  # online: a legacy bare hub name is one too
+        path.write_text(f"name: x\nqgen: {{generator: {name}}}\n")
+        assert load_config(path).qgen.generator == name
+
+
+def test_systems_a_config_produces_can_be_fused_and_reranked(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndense: {systems: [{name: a}], hybrid: {system: a}}\n" + CE +
+                    "fusion: [{name: f, runs: [bm25, 'hybrid(a)']}, {name: g, method: rrf, runs: [f, a]}]\n"
+                    "rerank: [{run: g}, {run: 'hybrid(a)'}, {run: bm25}]\nsilver: {retriever: a}\n")
+    cfg = load_config(path)
+    assert [r.system for r in cfg.rerank] == ["g-rerank", "hybrid-a-rerank", "bm25-rerank"]

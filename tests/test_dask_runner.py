@@ -1,6 +1,7 @@
 """Shard runners (tasks/runners.py): the encode stage's shards computed here, on a thread pool and
 on a local two-worker Dask cluster (worker processes) give the same artifact, byte for byte, at
-the same version; a runner resumes a half-built work folder; a bad `runner:` is refused at load."""
+the same version, since every shard computes with the same pinned intra-op thread count (recorded
+in the stats); a runner resumes a half-built work folder; a bad `runner:` is refused at load."""
 import os
 
 import pyarrow as pa
@@ -13,6 +14,8 @@ from tasks.config import ConfigError, load_config
 from tasks.dense.stages import EncodeParams, EncodeSettings, Origin, _renamed, build_encode
 from tasks.engine import NoParams, Stage, run_stage
 from tasks.runners import RunnerConfig, run_shards
+from tasks.threads import ENV as THREADS_ENV
+from tasks.threads import resolve_threads
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
 
@@ -73,9 +76,13 @@ def _completed_shard_runs(prefix: str) -> list[str]:
 def test_dask_and_threads_give_the_single_process_bytes(prefect_harness, tmp_path, tiny_checkpoint):
     local, local_files = _encode(tmp_path, tiny_checkpoint, RunnerConfig())
     assert len(local_files) == 4 and local.read_table().num_rows == 23  # shards of 6: 6, 6, 6, 5
+    # the thread count every shard computed with: this process's (Dask's workers would take 1)
+    threads = resolve_threads()
+    assert local.manifest["stats"]["intra_op_threads"] == threads and local.manifest["stats"]["runner"] == "local"
     for runner in (RunnerConfig(kind="threads", workers=2), RunnerConfig(kind="dask", workers=2)):
         other, files = _encode(tmp_path, tiny_checkpoint, runner)
         assert other.version == local.version, runner.kind
+        assert other.manifest["stats"]["intra_op_threads"] == threads and other.manifest["stats"]["runner"] == runner.kind
         assert [f.name for f in files] == [f.name for f in local_files]
         for mine, theirs in zip(local_files, files):
             assert pq.read_table(theirs).equals(pq.read_table(mine)), (runner.kind, mine.name)
@@ -96,19 +103,66 @@ def test_a_runner_computes_only_the_missing_shards(prefect_harness, tmp_path):
     from prefect import flow
 
     pq.write_table(pa.table({"shard": [-1], "pid": [0]}), shard_path(tmp_path, 1))  # left by a killed build
-    (tmp_path / PLAN).write_text(plan_fingerprint(4))  # ... of the same four shards
+    (tmp_path / PLAN).write_text(plan_fingerprint(4, {"intra_op_threads": 3}))  # ... of the same four shards
     before = shard_path(tmp_path, 1).read_bytes()
     seen = []
 
     @flow(name="resume-test")
     def resume():
-        return run_shards(RunnerConfig(kind="threads", workers=3), tmp_path, 4, _shard_table,
+        return run_shards(RunnerConfig(kind="threads", workers=3, intra_op_threads=3), tmp_path, 4, _shard_table,
                           on_shard=lambda i, reused: seen.append((i, reused)))
     files = resume()
     assert sorted(CALLS) == [0, 2, 3] and sorted(seen) == [(0, False), (1, True), (2, False), (3, False)]
     assert files == [shard_path(tmp_path, i) for i in range(4)] and shard_path(tmp_path, 1).read_bytes() == before
     assert [pq.read_table(f).column("shard")[0].as_py() for f in files] == [0, -1, 2, 3]
     assert not list(tmp_path.glob(".*.part"))
+
+
+def _threads_table(i: int) -> pa.Table:
+    """A shard that reports the torch intra-op thread count it computed with."""
+    import torch
+
+    return pa.table({"shard": [i], "threads": [torch.get_num_threads()]})
+
+
+def _threads_of(files) -> list[int]:
+    return [pq.read_table(f).column("threads")[0].as_py() for f in files]
+
+
+def test_every_worker_computes_with_the_pinned_thread_count(prefect_harness, tmp_path, monkeypatch):
+    """Dask's nanny starts its workers with OMP_NUM_THREADS=1 and torch counts threads per OS
+    thread: each shard pins the build's count itself, and this process gets its own back."""
+    import torch
+    from prefect import flow
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv(THREADS_ENV, "3")  # the default when the config names no count
+
+    @flow(name="threads-test")
+    def shards(runner, folder):
+        (tmp_path / folder).mkdir()
+        return run_shards(runner, tmp_path / folder, 4, _threads_table)
+    assert _threads_of(shards(RunnerConfig(kind="dask", workers=2), "dask")) == [3] * 4
+    assert _threads_of(shards(RunnerConfig(kind="threads", workers=2, intra_op_threads=2), "threads")) == [2] * 4
+    assert _threads_of(run_shards(RunnerConfig(intra_op_threads=1), tmp_path, 2, _threads_table)) == [1] * 2
+    assert torch.get_num_threads() == before
+
+
+def test_a_build_resumed_with_another_thread_count_recomputes_its_shards(tmp_path):
+    """Another count gives other last bits: its shards are not mixed with the earlier ones'."""
+    CALLS.clear()
+    for threads, computed in ((1, [0, 1]), (2, [0, 1]), (2, [])):
+        files = run_shards(RunnerConfig(intra_op_threads=threads), tmp_path, 2, _shard_table)
+        assert sorted(CALLS) == computed and len(files) == 2, threads
+        CALLS.clear()
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_thread_count_in_the_environment_is_one_clear_error(monkeypatch, value):
+    monkeypatch.setenv(THREADS_ENV, value)
+    with pytest.raises(ValueError, match=rf"^\${THREADS_ENV}='{value}': expected a whole number of torch threads"):
+        resolve_threads()
+    assert resolve_threads(2) == 2  # a configured count needs no default
 
 
 def test_a_worker_reads_only_its_rows(tmp_path):
@@ -124,6 +178,7 @@ def test_a_worker_reads_only_its_rows(tmp_path):
     ("{kind: dask, address: 'scheduler 8786'}", "is not a Dask scheduler address"),
     ("{kind: dask, workers: 0}", "runner.workers: Input should be greater than or equal to 1"),
     ("{kind: dask, nodes: 3}", "runner.nodes: Extra inputs are not permitted"),
+    ("{kind: dask, intra_op_threads: 0}", "runner.intra_op_threads: Input should be greater than or equal to 1"),
 ])
 def test_a_bad_runner_is_refused_at_load(tmp_path, runner, message):
     path = tmp_path / "bad.yaml"
@@ -216,6 +271,7 @@ def test_dense_mining_in_question_shards_on_dask_gives_the_single_pass_bytes(pre
         assert results[name].read_table().equals(mined), name  # scores too, to the bit
         assert [f.read_bytes() for f in results[name].table_files()] == [f.read_bytes() for f in local.table_files()]
     assert local.manifest["stats"]["filtering"]["candidates"] == 19 * 6
+    assert {results[name].manifest["stats"]["intra_op_threads"] for name in results} == {resolve_threads()}
     # 19 questions: threads in shards of 8 (9 rounded down to the block), dask in shards of 4
     assert _completed_shard_runs("negatives:fine ") == sorted([f"negatives:fine {i}/3" for i in range(1, 4)] + [f"negatives:fine {i}/5" for i in range(1, 6)])
 
@@ -285,6 +341,8 @@ def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harnes
     local, dask = results["local"], results["dask"]
     assert local.manifest["stats"]["reencoded"] == 3 and local.manifest["stats"]["carried_over"] == 21
     assert dask.version == local.version and dask.read_table().equals(local.read_table())
+    assert dask.manifest["stats"]["intra_op_threads"] == local.manifest["stats"]["intra_op_threads"] == resolve_threads()
+    assert dask.manifest["stats"]["runner"] == "dask"
     pids, vectors = vectors_from_table(local.read_table())
     fresh = [i for i, p in enumerate(pids) if p in ("p3", "p30", "p31")]
     assert np.count_nonzero(np.abs(vectors).sum(axis=1)) == 3 and np.abs(vectors[fresh]).sum(axis=1).min() > 0

@@ -160,6 +160,11 @@ def test_encode_stage_writes_shards_that_match_one_pass(tmp_path, checkpoint):
     one_stats, one_files = build(100, "one")
     sharded_stats, sharded_files = build(3, "sharded")
     assert one_stats["passages"] == sharded_stats["passages"] == 11
+    # the shards computed with the thread count of the process running the stage, recorded
+    from tasks.threads import resolve_threads
+
+    assert one_stats["intra_op_threads"] == sharded_stats["intra_op_threads"] == resolve_threads()
+    assert one_stats["runner"] == "local"
     one = pa.concat_tables(pq.read_table(f) for f in one_files)
     sharded = pa.concat_tables(pq.read_table(f) for f in sharded_files)
     assert sharded.column("pid").to_pylist() == passages.column("pid").to_pylist()

@@ -7,6 +7,7 @@ import bz2
 import hashlib
 import io
 import json
+import re
 import socket
 import threading
 import zipfile
@@ -245,4 +246,13 @@ def test_pinned_hashes_are_those_of_the_shared_copies(shared_data):
         f = OFFICIAL_FILES[name]
         local = shared_data / sub / f.name
         assert hashlib.sha256(local.read_bytes()).hexdigest() == f.sha256 and local.stat().st_size == f.size
-    assert squad_mod.SQUAD_URLS["dev-v1.1"][1] == "95aa6a52d5d6a735563366753ca50492a658031da74f301ac5238b03966972c9"
+    # The shared SQuAD file is the official dev set with questions held out, so its bytes cannot
+    # check the pin; the hash of the official file it was made from is recorded beside it.
+    sources = (shared_data / "SOURCES.md").read_text()
+    official = re.search(r"`dev-v1\.1\.json` \(([\d,]+) bytes, sha256\s+`([0-9a-f]{64})`", sources)
+    assert official, "SOURCES.md no longer records the official dev-v1.1.json hash"
+    assert squad_mod.SQUAD_URLS["dev-v1.1"][1] == official.group(2)
+    partial_file = shared_data / "squad" / "dev-v1.1-partial.json"
+    recorded = re.search(r"`squad/dev-v1\.1-partial\.json` \| ([\d,]+) \| `([0-9a-f]{64})`", sources)
+    assert recorded and hashlib.sha256(partial_file.read_bytes()).hexdigest() == recorded.group(2)
+    assert partial_file.stat().st_size == int(recorded.group(1).replace(",", ""))

@@ -41,6 +41,46 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait(10)
 
 
+RETRIED_STATUS = {429, 502, 503}   # a busy server's answers (503: its database is busy), not a verdict
+TRIES = 6                          # back-off 0.5, 1, 2, 4, 8 s: a busy moment, bounded
+
+
+def _api(method: str, url: str, tries: int = TRIES, sleep=time.sleep, **kwargs) -> httpx.Response:
+    """One REST call, retried with bounded back-off on transient connection errors and busy
+    answers; the last answer (or error) is the result."""
+    for attempt in range(tries):
+        try:
+            response = httpx.request(method, url, timeout=30, **kwargs)
+        except (httpx.TransportError, httpx.TimeoutException):
+            if attempt == tries - 1:
+                raise
+        else:
+            if response.status_code not in RETRIED_STATUS or attempt == tries - 1:
+                return response
+        sleep(0.5 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def test_api_calls_retry_a_busy_server_and_give_up_after_bounded_tries(monkeypatch):
+    answers = iter([httpx.ConnectError("refused"), httpx.Response(503), httpx.Response(201, json={"id": "r"})])
+
+    def request(method, url, **kwargs):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(httpx, "request", request)
+    waits = []
+    assert _api("POST", "http://x/api/deployments/d/create_flow_run", json={}, sleep=waits.append).json() == {"id": "r"}
+    assert waits == [0.5, 1.0]
+    monkeypatch.setattr(httpx, "request", lambda method, url, **kwargs: httpx.Response(503))
+    waits.clear()
+    assert _api("GET", "http://x/api/health", sleep=waits.append).status_code == 503  # then the caller's assert says so
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0]
+    monkeypatch.setattr(httpx, "request", lambda method, url, **kwargs: httpx.Response(422))
+    assert _api("POST", "http://x/api/deployments/d/create_flow_run", sleep=waits.append).status_code == 422  # a verdict
+
+
 def _wait(what: str, check, timeout: float, logs: list[Path], every: float = 1.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -68,7 +108,7 @@ def prefect_server(tmp_path):
         if server.poll() is not None:
             raise AssertionError(f"prefect server exited ({server.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
         try:
-            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200  # polled: no retries needed
         except httpx.HTTPError:
             return False
     try:
@@ -81,7 +121,7 @@ def prefect_server(tmp_path):
 
 
 def _deployments(api: str) -> dict[str, dict]:
-    rows = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
+    rows = _api("POST", f"{api}/deployments/filter", json={}).json()
     return {d["name"]: d for d in rows}
 
 
@@ -104,16 +144,16 @@ def test_a_run_triggered_as_the_ui_does_completes_and_publishes_its_artifacts(pr
 
     # Invalid input from the form is refused by the server, before any run exists.
     bad = dict(tiny["parameters"], config={**tiny["parameters"]["config"], "bm25": {"k1": "not a number"}})
-    refused = httpx.post(f"{api}/deployments/{tiny['id']}/create_flow_run", json={"parameters": bad}, timeout=10)
+    refused = _api("POST", f"{api}/deployments/{tiny['id']}/create_flow_run", json={"parameters": bad})
     assert refused.status_code in (409, 422), refused.text
 
     # "Run" -> "Quick run": the deployment's own parameters.
-    created = httpx.post(f"{api}/deployments/{tiny['id']}/create_flow_run", json={}, timeout=10)
+    created = _api("POST", f"{api}/deployments/{tiny['id']}/create_flow_run", json={})
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
 
     def finished():
-        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]
+        state = _api("GET", f"{api}/flow_runs/{run_id}").json()["state"]
         assert state["type"] not in ("FAILED", "CRASHED", "CANCELLED"), state
         return state["type"] == "COMPLETED" and state
     _wait("the flow run to complete", finished, 420, logs, every=2.0)
@@ -123,8 +163,7 @@ def test_a_run_triggered_as_the_ui_does_completes_and_publishes_its_artifacts(pr
     assert {r["stage"] for r in store.list_artifacts()} >= {"documents", "passages", "bm25_index", "bm25_runs", "evaluation"}
     assert store.sql("SELECT count(*) AS n FROM metrics WHERE system = 'bm25'").column("n")[0].as_py() > 0
     # ... and Prefect has the report, the metrics table, each stage's summary and progress, linked to the run.
-    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}},
-                           timeout=10).json()
+    artifacts = _api("POST", f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
     by_key = {a["key"]: a for a in artifacts if a["key"]}
     assert {"tiny-evaluation", "tiny-evaluation-metrics", "tiny-chunk-summary", "tiny-evaluate-summary"} <= set(by_key)
     assert by_key["tiny-evaluation-metrics"]["type"] == "table"

@@ -1,6 +1,8 @@
 """`pforge promote`: promotions are recorded beside the manifests (promotions.jsonl) and indexed in
 the catalog's `promotions` table, which every rebuild fills again, so they survive new commits,
 a crash between the record and the rebuild, and catalogs of an older format."""
+import os
+
 import duckdb
 import pyarrow as pa
 import pytest
@@ -81,10 +83,18 @@ def test_only_existing_trained_encoders_are_promoted(store, tmp_path):
     first, second = _model(store, "a"), _model(store, "b")
     with pytest.raises(ValueError, match=rf"{tmp_path}: no dense_model version 'nope'; known: .*{first}"):
         promote("nope", store=store)
-    common = next(i for i in range(16) if first[i] != second[i])
-    if common:
-        with pytest.raises(ValueError, match="matches several dense_model versions"):
-            promote(first[:common], store=store)
+    # An ambiguous prefix needs two versions that share one: add encoders until two share their
+    # first digit (at most 17 versions for 16 hex digits; the hashes, so the count, are fixed).
+    by_first = {first[0]: first, second[0]: second} if first[0] != second[0] else {}
+    twins = (first, second) if not by_first else None
+    while twins is None:
+        version = _model(store, f"extra-{len(by_first)}")
+        twins = (by_first[version[0]], version) if version[0] in by_first else None
+        by_first.setdefault(version[0], version)
+    common = os.path.commonprefix(twins)
+    assert common and len(common) < len(twins[0])
+    with pytest.raises(ValueError, match="matches several dense_model versions: " + ", ".join(sorted(twins))):
+        promote(common, store=store)
     with pytest.raises(ValueError, match="not a dense_model version"):
         promote(f"passages:{first}", store=store)
     empty = _model(store, "no-folder", with_folder=False)

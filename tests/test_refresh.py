@@ -130,6 +130,21 @@ def _expected_passages(dump: Path) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------- the refresh
+def test_a_refresh_from_the_dump_the_corpus_was_built_from_writes_nothing(built, capsys, monkeypatch):
+    # Before any refresh (tests run in file order): the corpus is the pipeline's own ingest of the
+    # old dump, which the config names, so `pforge refresh CONFIG` reads that very dump.
+    store = ArtifactStore(built["root"])
+    assert store.latest("corpus_refresh") is None, "must run before the refresh of the fixture `refreshed`"
+    before, folders = store.list_artifacts(), sorted(built["root"].glob("*/*/manifest.json"))
+    calls = _count_encoded(monkeypatch)
+    assert main(["--root", str(built["root"]), "refresh", str(built["config"])]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"up to date: the corpus was built from {built['old']}; nothing written" in out, out
+    after = ArtifactStore(built["root"]).list_artifacts()
+    assert len(after) == len(before) and _rows(ArtifactStore(built["root"])) == {(r["stage"], r["version"]) for r in before}
+    assert sorted(built["root"].glob("*/*/manifest.json")) == folders and calls == []  # no new version, nothing encoded
+
+
 def test_the_change_report_counts_documents_and_passages(refreshed):
     store, report = refreshed["store"], refreshed["report"]
     old, new = _expected_passages(refreshed["old"]), _expected_passages(refreshed["new"])

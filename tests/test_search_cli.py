@@ -2,6 +2,8 @@
 whose encoder is a dense_model artifact (the one promoted), the DPR hybrid and an RRF fusion.
 A question of the question set gets the pipeline's own run for it; a known question gets its
 answer passage first; `--promoted` serves the promoted encoder. About a minute on 2 CPU cores."""
+import json
+
 import pytest
 
 from flows.cli import main
@@ -131,3 +133,68 @@ def test_cli_errors_are_one_line(built, capsys):
         assert main(["--root", root, *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("pforge: error: ") and message in err[0], err
+
+
+def test_a_question_of_more_terms_than_lucene_takes_is_cut_with_a_warning(built, capsys, caplog):
+    """Lucene refuses a query of more than 1,024 clauses (one per distinct analysed term): the
+    question is cut to its longest prefix that fits, with a warning, for BM25 and every fusion."""
+    from tasks.bm25.search import _distinct_terms, fit_clause_limit
+
+    filler = " ".join(f"zq{i}x" for i in range(1500))
+    long_question = f"{QUESTION} {filler}"
+    cut = fit_clause_limit(long_question, 1024)
+    assert _distinct_terms(cut) == 1024 and long_question.startswith(cut) and _distinct_terms(cut + " zzz1") == 1025
+    for system in ("bm25", "rrf"):
+        assert main(["--root", str(built["root"]), "search", long_question, "--system", system, "-k", "3"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[1].split()[2] == "Normans", out  # the question's own words still find the answer
+    assert any("more distinct terms than Lucene's 1024 clauses" in r.getMessage() for r in caplog.records)
+
+    # The pipeline's batch search of questions: one long question among others fails none of them.
+    import pyarrow.compute as pc
+
+    from tasks.bm25.search import bm25_search
+
+    index = built["store"].latest("bm25_index").subdir("index")
+    batch = bm25_search(index, [("a", QUESTION), ("long", long_question), ("b", "Normandy region")], k=3, threads=1)
+    alone = bm25_search(index, [("a", QUESTION), ("b", "Normandy region")], k=3, threads=1)
+    assert batch.filter(pc.not_equal(batch["qid"], "long")).to_pylist() == alone.to_pylist()
+    assert batch.filter(pc.equal(batch["qid"], "long")).num_rows == 3
+
+
+def test_gc_keeps_what_the_promoted_encoder_serves(built, tmp_path, capsys):
+    """A later config's artifacts of the same stages and systems make the promoted encoder's
+    embeddings, index and runs (and everything built on them) no longer the newest: gc keeps what
+    the promotion serves anyway, and search --promoted answers as before."""
+    import shutil
+    import time
+
+    import pyarrow as pa
+
+    from storage import write_table
+
+    root = tmp_path / "copy"
+    shutil.copytree(built["root"], root)
+    store = ArtifactStore(root)
+    assert main(["--root", str(root), "promote", built["encoder"]]) == 0
+    before = search(QUESTION, promoted=True, store=store, k=3)
+    served = [before.runs, *(store.get(r["stage"], r["version"]) for r in before.runs.manifest["inputs"].values())]
+    assert {a.stage for a in served} >= {"dense_runs", "embeddings", "faiss_index", "dense_model"}
+
+    def newer(stage, variant, n):
+        time.sleep(0.002)
+        return store.materialize(stage, "1", {"later": n}, {}, lambda out: {
+            "stats": {"rows": write_table(out, pa.table({"pid": ["x"]}))}, "variant": variant})
+
+    stale = newer("dense_runs", {"system": "served"}, 1)
+    # A newer one of every stage and system built on the served ones, so none of those keeps them.
+    uses = {(r["stage"], json.dumps(r["variant"] or {}, sort_keys=True)) for r in store.list_artifacts()
+            if r["stage"] != "dense_model" and {(a.stage, a.version) for a in served} & {
+                (i["stage"], i["version"]) for i in store.lineage(r["stage"], r["version"])}}
+    later = [newer(stage, json.loads(variant), 2) for stage, variant in sorted(uses)]
+    assert main(["--root", str(root), "gc"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("removed ")
+    assert not stale.path.exists() and all(a.path.is_dir() for a in later + served)
+    after = search(QUESTION, promoted=True, store=ArtifactStore(root), k=3)
+    assert (after.runs.version, [h.pid for h in after.hits]) == (before.runs.version, [h.pid for h in before.hits])
+    assert main(["--root", str(root), "search", QUESTION, "--promoted", "-k", "1"]) == 0

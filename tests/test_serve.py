@@ -61,3 +61,32 @@ def test_corpus_refresh_is_a_deployment_on_the_configs_cron_with_a_typed_form(tm
     assert schema["properties"]["dump"]["default"] is None
     fields = schema["definitions"]["RefreshConfig"]["properties"]
     assert fields["cron"]["description"] and fields["dense"]["default"] is True
+
+
+def test_serve_waits_for_a_server_still_starting_with_bounded_back_off(monkeypatch):
+    import httpx
+    import pytest
+
+    from flows import serve as serve_module
+
+    answers = iter([httpx.ConnectError("refused"), httpx.Response(503), httpx.Response(200)])
+
+    def get(url, timeout):
+        assert url == "http://127.0.0.1:4200/api/health"
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(serve_module.httpx, "get", get)
+    waits = []
+    serve_module.wait_for_server("http://127.0.0.1:4200/api/", sleep=waits.append)
+    assert waits == [0.5, 1.0]
+
+    monkeypatch.setattr(serve_module.httpx, "get", lambda url, timeout: (_ for _ in ()).throw(httpx.ConnectError("refused")))
+    clock = iter(range(0, 1000, 5))
+    monkeypatch.setattr(serve_module.time, "monotonic", lambda: next(clock))
+    waits.clear()
+    with pytest.raises(RuntimeError, match=r"the Prefect server at http://h:1/api did not answer within 30 s "
+                                           r"\(ConnectError: refused\)"):
+        serve_module.wait_for_server("http://h:1/api", within_s=30, sleep=waits.append)
+    assert waits and max(waits) <= 8.0 and len(waits) < 10

@@ -37,11 +37,18 @@ def _config(tmp_path, checkpoint):
     return path
 
 
-def test_silver_pipeline(prefect_harness, shared_data, tmp_path, tiny_checkpoint):
-    cfg = load_config(_config(tmp_path, tiny_checkpoint))
-    versions = pipeline(config=cfg, root=str(tmp_path / "artifacts"))
+@pytest.fixture(scope="module")
+def silver_run(prefect_harness, shared_data, tmp_path_factory, tiny_checkpoint):
+    """The whole chain, built once: (config file, artifact root, stage -> version)."""
+    tmp_path = tmp_path_factory.mktemp("silver")
+    path = _config(tmp_path, tiny_checkpoint)
+    return path, tmp_path / "artifacts", pipeline(config=load_config(path), root=str(tmp_path / "artifacts"))
+
+
+def test_silver_pipeline(silver_run):
+    _, root, versions = silver_run
     assert {"cross_encoder", "pairs:silver", "train:weighted", "train:distilled", "rerank:bm25-rerank"} <= set(versions)
-    store = ArtifactStore(tmp_path / "artifacts")
+    store = ArtifactStore(root)
 
     ce = store.get("cross_encoder", versions["cross_encoder"])
     stats = ce.manifest["stats"]
@@ -80,6 +87,38 @@ def test_silver_pipeline(prefect_harness, shared_data, tmp_path, tiny_checkpoint
     filtering = store.get("negatives", versions["negatives:bm25"]).manifest["stats"]["filtering"]
     assert filtering["candidates"] == filtering["kept"] + filtering["dropped_gold"] + filtering["dropped_answer"] + \
         filtering["dropped_relevant"]
+
+
+def test_the_threshold_keeps_exactly_the_candidates_at_or_above_it(silver_run, tmp_path):
+    import yaml
+
+    path, root, versions = silver_run
+    store = ArtifactStore(root)
+    first = store.get("pairs", versions["pairs:silver"])
+    # A threshold taken from the scored p themselves: the median value, so the lower half is
+    # dropped, the upper half kept, and the candidates with p equal to it test ">=" rather than ">".
+    values = sorted(set(first.read_table("scored_candidates").column("p").to_pylist()))
+    assert len(values) >= 2, values
+    threshold = values[len(values) // 2]
+    config = yaml.safe_load(path.read_text())
+    config["silver"]["threshold"] = threshold
+    path = tmp_path / "silver-threshold.yaml"
+    path.write_text(yaml.safe_dump(config))
+    rerun = pipeline(config=load_config(path), stage="pairs:silver", root=str(root))
+    silver = store.get("pairs", rerun["pairs:silver"])
+    assert silver.version != first.version and silver.manifest["stats"]["threshold"] == threshold
+
+    scored = silver.read_table("scored_candidates").to_pylist()
+    kept = silver.read_table("silver_pairs").to_pylist()
+    gold = {(r["qid"], r["pid"]) for r in store.get("pairs", versions["pairs:gold"]).read_table().to_pylist()}
+    assert kept and not gold & {(r["qid"], r["pid"]) for r in kept}
+    assert all(r["p"] >= threshold and r["weight"] == pytest.approx(r["p"] ** 2) for r in kept), kept
+    dropped = {(r["qid"], r["pid"]) for r in scored} - {(r["qid"], r["pid"]) for r in kept}
+    assert dropped and dropped == {(r["qid"], r["pid"]) for r in scored if r["p"] < threshold}
+    # the training pairs the stage hands to the trainers are the kept ones, weighted p^2
+    pairs = silver.read_table().to_pylist()
+    assert sorted((r["qid"], r["pid"], r["weight"]) for r in pairs) == sorted((r["qid"], r["pid"], r["weight"]) for r in kept)
+    assert silver.manifest["stats"]["silver"] == len(kept) and silver.manifest["stats"]["candidates"] == len(scored)
 
 
 def test_silver_config_errors(tmp_path):

@@ -84,3 +84,90 @@ def test_sharded_stages_report_their_shards(tmp_path):
     with progress.listening(lambda *a: heard.append(a)):
         run_shards(None, tmp_path, 3, lambda i: pa.table({"x": [i]}), label="encode:zs")
     assert heard == [("encode:zs: shards", 1, 3), ("encode:zs: shards", 2, 3), ("encode:zs: shards", 3, 3)]
+
+
+def test_a_refused_connection_is_tried_again_at_doubling_intervals_then_given_up(monkeypatch, caplog):
+    import httpx
+
+    answers = iter([httpx.ConnectError("refused"), "id-1", httpx.ConnectError("refused"),
+                    httpx.ConnectError("refused"), httpx.ConnectError("refused")])
+    tried = []
+
+    def create(percent, key, description):
+        tried.append(percent)
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(ui_artifacts, "create_progress_artifact", create)
+    monkeypatch.setattr(ui_artifacts, "update_progress_artifact", lambda i, p, description: create(p, None, description))
+    clock = iter([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 14.0, 21.0, 31.0, 50.0])
+    monkeypatch.setattr(ui_artifacts.time, "monotonic", lambda: next(clock))
+    listener = StageProgress("k", "encode", every_s=2.0)
+    for done in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
+        listener("passages", done, 100)
+    # refused at 0 s: tried again 4 s later (ok), then every 2 s; refused at 6, 10 (4 s on), 21 s (8 s on): given up
+    assert tried == [1.0, 3.0, 4.0, 6.0, 8.0]
+    assert listener.failed
+    assert [r.getMessage() for r in caplog.records if "progress artifact" in r.getMessage()] == \
+        ["encode: progress artifact not updated (refused)"]
+
+
+def test_the_summary_is_published_again_after_a_refused_connection_boundedly(monkeypatch, caplog, tmp_path):
+    import httpx
+
+    calls, waits = [], []
+
+    def refused_once(**kwargs):
+        calls.append(kwargs["key"])
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused")
+    monkeypatch.setattr(ui_artifacts, "create_markdown_artifact", refused_once)
+    artifact = Artifact("passages", "v1", tmp_path, {})
+    ui_artifacts.publish_summary("k-summary", "chunk", artifact, sleep=waits.append)
+    assert calls == ["k-summary", "k-summary"] and waits == [1.0]
+    assert not [r for r in caplog.records if "summary artifact" in r.getMessage()]
+
+    def always_refused(**kwargs):
+        calls.append(kwargs["key"])
+        raise httpx.ConnectError("refused")
+    monkeypatch.setattr(ui_artifacts, "create_markdown_artifact", always_refused)
+    calls.clear(), waits.clear()
+    ui_artifacts.publish_summary("k-summary", "chunk", artifact, sleep=waits.append)
+    assert len(calls) == ui_artifacts.TRIES and waits == [1.0, 2.0]
+    assert [r.getMessage() for r in caplog.records if "summary artifact" in r.getMessage()] == \
+        ["chunk: summary artifact not published (refused)"]
+
+
+def test_prefects_client_retries_a_busy_server_boundedly(monkeypatch):
+    """The publishers' calls go through Prefect's client, which must retry a 503 (the server's
+    database busy) and a dropped connection, a bounded number of times: pinned here, since no loop
+    of ours covers them."""
+    import anyio
+    import httpx
+    from prefect.client import base
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    waits = []
+
+    async def no_wait(seconds):
+        waits.append(seconds)
+    monkeypatch.setattr(base.anyio, "sleep", no_wait)
+
+    def post(answers):
+        def handler(request):
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return httpx.Response(answer, json={})
+
+        async def call():
+            async with base.PrefectHttpxAsyncClient(transport=httpx.MockTransport(handler), base_url="http://x/api") as c:
+                return await c.post("/artifacts/", json={})
+        return anyio.run(call)
+
+    assert post(iter([503, httpx.ReadError("reset"), 503, 201])).status_code == 201
+    assert len(waits) == 3
+    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 2}):
+        with pytest.raises(httpx.HTTPStatusError):
+            post(iter([503] * 3 + [201]))  # 1 try + 2 retries, then the 503 is the answer

@@ -10,6 +10,7 @@ The JVM can start only once per process and its classpath and options are fixed 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -85,14 +86,28 @@ def ensure_jvm(xmx: str | None = None) -> None:
         classes = helper_classes(jar)
         jnius_config.set_classpath(str(jar), *([str(classes)] if classes else []))
         heap = xmx or os.environ.get("PFORGE_JVM_XMX", DEFAULT_XMX)
-        jnius_config.add_options(f"-Xmx{heap}", "-Dlog4j2.level=WARN",
+        # -Xrs: the JVM leaves SIGINT/SIGTERM to Python. Its own handlers would run Java's shutdown
+        # while Python's main thread waits in native code: Ctrl-C then hangs the process.
+        jnius_config.add_options(f"-Xmx{heap}", "-Dlog4j2.level=WARN", "-Xrs",
                                  *os.environ.get("PFORGE_JVM_OPTS", "").split())
         try:
             import jnius  # noqa: F401  (importing starts the JVM)
         except Exception as exc:  # pragma: no cover - depends on the environment
             raise RuntimeError(f"could not start the JVM from {os.environ['JAVA_HOME']}: {exc}") from exc
+        _restore_python_signal_handlers()
         _check_anserini_loadable(jar)
         _STARTED = True
+
+
+def _restore_python_signal_handlers() -> None:
+    """Re-installs Python's handlers at the OS level, in case the JVM replaced them anyway (a
+    PFORGE_JVM_OPTS or JDK that ignores -Xrs). Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: installed outside Python, nothing of ours to restore
+            signal.signal(signum, handler)
 
 
 def _check_anserini_loadable(jar: Path) -> None:

@@ -14,6 +14,7 @@ position. Score ties are broken as Anserini does by default (by docid).
 """
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ import pyarrow.csv as pacsv
 from tasks.bm25.jvm import ensure_jvm
 from tasks.schemas import RUNS
 
+logger = logging.getLogger("passage_forge")
 _WS = re.compile(r"[\t\r\n\x0b\x0c\x85\u2028\u2029]+")
 
 
@@ -37,6 +39,59 @@ def empty_runs() -> pa.Table:
 
 def _sanitize(text: str | None) -> str:
     return _WS.sub(" ", text or "").strip()
+
+
+def max_clauses() -> int:
+    """Lucene's limit on a query's clauses (1024 unless raised): BM25's bag-of-words query has one
+    clause per distinct analysed term, and one more makes Lucene throw TooManyClauses."""
+    from jnius import autoclass
+
+    return int(autoclass("org.apache.lucene.search.IndexSearcher").getMaxClauseCount())
+
+
+def _distinct_terms(text: str) -> int:
+    from jnius import autoclass
+
+    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+    return len(set(autoclass("io.anserini.analysis.AnalyzerUtils").analyze(analyzer, text).toArray()))
+
+
+def fit_clause_limit(text: str, limit: int) -> str:
+    """`text`, or its longest prefix of whole words whose distinct analysed terms fit in `limit`
+    (a single over-long word is cut by characters). Each term comes from at least one character,
+    so a text of at most `limit` characters fits without asking the analyzer."""
+    if len(text) <= limit or _distinct_terms(text) <= limit:
+        return text
+    words = text.split()
+    if _distinct_terms(words[0]) > limit:
+        words, joiner = list(words[0]), ""  # no space to cut at (e.g. CJK): cut between characters
+    else:
+        joiner = " "
+    lo, hi = 1, len(words) - 1  # words[:lo] fits; words[:hi + 1] does not
+    while lo < hi:  # the prefix's distinct terms grow with its length: bisect
+        mid = (lo + hi + 1) // 2
+        if _distinct_terms(joiner.join(words[:mid])) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return joiner.join(words[:lo])
+
+
+def _within_clause_limit(queries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    limit = max_clauses()
+    long = [i for i, (_, text) in enumerate(queries) if len(_sanitize(text)) > limit]
+    if not long:  # the common case: no question is long enough to reach the limit
+        return queries
+    out = list(queries)
+    for i in long:
+        qid, text = queries[i]
+        clean = _sanitize(text)
+        cut = fit_clause_limit(clean, limit)
+        if cut != clean:
+            logger.warning("bm25: question %s has more distinct terms than Lucene's %d clauses: searching its first "
+                           "%d of %d characters", qid, limit, len(cut), len(clean))
+            out[i] = (qid, cut)
+    return out
 
 
 def write_topics(queries: Sequence[tuple[str, str]], path: Path) -> int:
@@ -124,7 +179,7 @@ def bm25_search(index_dir: Path, queries: list[tuple[str, str]], k: int = 100, k
     try:
         topics = tmp / "topics.tsv"
         run_file = tmp / "run.trec"
-        if write_topics(queries, topics) == 0:
+        if write_topics(_within_clause_limit(queries), topics) == 0:
             return empty_runs()
         t1 = time.perf_counter()
         argv = ["-index", str(index_dir),

@@ -22,11 +22,33 @@ def _tokenize_unpadded(texts, tokenizer, max_length: int) -> dict[str, list[list
     if len(texts) and isinstance(texts[0], (tuple, list)):
         titles = [t[0] if t[0] is not None else "" for t in texts]
         bodies = [t[1] if t[1] is not None else "" for t in texts]
-        enc = tokenizer(titles, bodies, truncation="only_second" if max_length else False,
-                        max_length=max_length, padding=False)
+        if not max_length:
+            enc = tokenizer(titles, bodies, truncation=False, padding=False)
+        else:
+            return _tokenize_pairs(titles, bodies, tokenizer, max_length)
     else:
         enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=False)
     return {key: enc[key] for key in enc.keys()}
+
+
+def _tokenize_pairs(titles, bodies, tokenizer, max_length: int) -> dict[str, list[list[int]]]:
+    """(title, text) pairs cut to max_length by cutting the text; a title that alone leaves no
+    room for text (tokenizers raises "Sequence to truncate too short") is cut too, in that row only."""
+    try:
+        enc = tokenizer(titles, bodies, truncation="only_second", max_length=max_length, padding=False)
+        return {key: enc[key] for key in enc.keys()}
+    except Exception as exc:
+        if "too short" not in str(exc):
+            raise
+    rows = []
+    for title, body in zip(titles, bodies):
+        try:
+            rows.append(tokenizer(title, body, truncation="only_second", max_length=max_length, padding=False))
+        except Exception as exc:
+            if "too short" not in str(exc):
+                raise
+            rows.append(tokenizer(title, body, truncation="longest_first", max_length=max_length, padding=False))
+    return {key: [row[key] for row in rows] for key in rows[0].keys()}
 
 
 def _pad_batch(features: dict[str, list[list[int]]], rows: np.ndarray, pad_id: int,

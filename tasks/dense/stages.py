@@ -26,7 +26,7 @@ from tasks.engine import Pinned, Stage, StageParams
 QUERY_VECTORS = "query_vectors"
 from tasks.errors import InputError
 from tasks.file_identity import file_sha256
-from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
 
 logger = logging.getLogger("passage_forge")
 
@@ -225,7 +225,8 @@ def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path, w
     move_shards_into(files, out)
     dim = pq.read_schema(files[0]).field("vector").type.list_size
     total = sum(parquet_rows(f) for f in files)
-    return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files)}}
+    return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files),
+                      **runner_stats(params.runner)}}
 
 
 def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> dict:

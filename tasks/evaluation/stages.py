@@ -4,7 +4,7 @@ the per-question results, the metrics table and a report."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,7 +15,8 @@ from tasks.engine import Stage, StageParams
 
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ks: list[int] = Field(default_factory=lambda: [1, 5, 10, 20, 100])
+    ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 5, 10, 20, 100], min_length=1,
+                                                  description="cut-offs k >= 1 of the top-k metrics")
     match_type: Literal["string", "regex"] = "string"
     ignore_identical_ids: Optional[bool] = Field(
         None, description="drop a retrieved passage of the query's own document (BEIR's rule for corpora whose "

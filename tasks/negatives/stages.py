@@ -19,7 +19,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
-from tasks.runners import LOCAL, RunnerConfig, run_shards
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 
 logger = logging.getLogger("passage_forge")
 
@@ -124,7 +124,7 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
     logger.info("negatives:%s: %d kept of %d candidates (%.1f%% filtered)", params.strategy, counts["kept"],
                 counts["candidates"], 100 * counts["filtered_share"])
     return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows,
-                      "filtering": counts}}
+                      "filtering": counts, **runner_stats(params.runner)}}
 
 
 def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:

@@ -26,7 +26,7 @@ from tasks import schemas
 from tasks.engine import Stage, StageParams
 from tasks.progress import progress_logger
 from tasks.qgen.finetune import GeneratorTrainArgs
-from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
 
 logger = logging.getLogger("passage_forge")
 
@@ -214,7 +214,8 @@ def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact],
     table = pa.concat_tables([pq.read_table(f) for f in files])
     per_passage = table.num_rows / max(passages.num_rows, 1)
     return {"stats": {"passages": passages.num_rows, "queries": table.num_rows, "queries_per_passage": round(per_passage, 3),
-                      "shards": n_shards, "quality": _quality(table, passages, inputs, params.quality_split)}}
+                      "shards": n_shards, "quality": _quality(table, passages, inputs, params.quality_split),
+                      **runner_stats(params.runner)}}
 
 
 def _quality(table: pa.Table, passages: pa.Table, inputs: dict[str, Artifact], split: str) -> dict:

@@ -34,7 +34,7 @@ from tasks.refresh.diff import diff_documents, diff_passages, rows_with
 from tasks.refresh.faiss_update import IDS_TABLE
 from tasks.refresh.locate import LocatedDump, locate_dump
 from tasks.refresh.state import REFRESH_STAGE, DenseIndex, RefreshChain, corpus_of, passages_of, promoted_index
-from tasks.runners import LOCAL, RunnerConfig
+from tasks.runners import LOCAL, RunnerConfig, runner_stats
 
 logger = logging.getLogger("passage_forge")
 CODE_VERSION = "refresh-1"
@@ -160,7 +160,7 @@ def build_vectors(params: VectorParams, inputs: dict[str, Artifact], out: Path, 
     write_table(out, table)
     logger.info("refresh: %s passages re-encoded, %s vectors carried over", f"{stats['reencoded']:,}",
                 f"{stats['carried_over']:,}")
-    return {"stats": stats}
+    return {"stats": {**stats, **runner_stats(params.runner)}}
 
 
 def build_faiss(params: NoParams, inputs: dict[str, Artifact], out: Path) -> dict:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
-from tasks.runners import LOCAL, RunnerConfig, run_shards
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 
 logger = logging.getLogger("passage_forge")
 
@@ -102,7 +102,7 @@ def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, w
     write_table(out, table)
     return {"stats": {"questions": len(set(table.column("qid").to_pylist())), "depth": params.depth,
                       "reranked_pairs": pc.sum(pc.less_equal(run.column("rank"), params.depth)).as_py() or 0,
-                      "splits": params.splits}}
+                      "splits": params.splits, **runner_stats(params.runner)}}
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:

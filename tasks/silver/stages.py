@@ -26,7 +26,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.dense.stages import EncodeSettings, Origin, origin_of
 from tasks.engine import Stage, StageParams
-from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
 from tasks.silver.classifier import ClassifierTrainArgs
 
 logger = logging.getLogger("passage_forge")
@@ -306,7 +306,8 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
                              "p_histogram": probability_histogram(seen.column("p").to_numpy())}
     logger.info("silver: %d of %d candidates kept (p >= %.2f)", silver.num_rows, scored.num_rows, c.threshold)
     return {"stats": {"candidates": scored.num_rows, "silver": silver.num_rows, "threshold": c.threshold,
-                      "retriever": c.retriever, "top_k": c.top_k, "shards": n_shards, "by_source": by_source}}
+                      "retriever": c.retriever, "top_k": c.top_k, "shards": n_shards, "by_source": by_source,
+                      **runner_stats(params.runner)}}
 
 
 def wants_silver(cfg) -> bool:

@@ -7,6 +7,10 @@ destroys only a group it initialised. The `Ranks` it yields tell the loop which 
 global batch is this rank's, wrap the loss module in DistributedDataParallel, and say which rank
 writes (rank 0). Without torchrun it yields `Ranks()`, whose every method is the identity: the
 single-process run is unchanged.
+
+Inside the block every rank computes with rank 0's torch intra-op thread count (tasks/threads.py:
+$PFORGE_THREADS, else rank 0's own count; torchrun sets OMP_NUM_THREADS=1 unless told otherwise),
+so ranks on unlike machines still sum their floats alike; the count is restored afterwards.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from tasks.threads import pinned_threads, resolve_threads
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -43,6 +49,7 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    intra_op_threads: int | None = None  # what every rank computes with (None: this process's own count)
 
     @property
     def distributed(self) -> bool:
@@ -109,12 +116,16 @@ def process_group(device: torch.device) -> Iterator[Ranks]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         owned = True
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        yield Ranks(device=device)
+        with pinned_threads(resolve_threads()) as threads:  # $PFORGE_THREADS, else unchanged
+            yield Ranks(device=device, intra_op_threads=threads)
         return
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
     try:
-        yield Ranks(dist.get_rank(), dist.get_world_size(), device)
+        box = [resolve_threads()]
+        dist.broadcast_object_list(box, src=0)  # rank 0's count on every rank
+        with pinned_threads(box[0]) as threads:
+            yield Ranks(dist.get_rank(), dist.get_world_size(), device, threads)
     finally:
         if owned:
             dist.destroy_process_group()

@@ -1,0 +1,176 @@
+"""A `pforge run` process from start to exit, as a user's shell sees it: on busy cores, two at
+once, and stopped by Ctrl-C or SIGTERM at any stage. Each run is a real `pforge` process with its
+own ephemeral Prefect server; everything started here is stopped by its process group."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from storage import ArtifactStore
+from tasks.config import PROJECT_ROOT
+
+pytestmark = pytest.mark.usefixtures("shared_data")
+PFORGE = Path(sys.executable).with_name("pforge")
+TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
+EXIT_WITHIN_S = 15
+BUILT = re.compile(r"INFO (\S+): (\S+) ([0-9a-f]{16}) \(built\)")
+
+
+def _env(tmp: Path, **changes) -> dict[str, str]:
+    """What a user's shell would pass: no database chosen, one PREFECT_HOME shared by every run
+    here (as ~/.prefect is), so runs that shared its database would meet again."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")}
+    env.update({"HF_HUB_OFFLINE": "1", "PREFECT_HOME": str(tmp / "prefect-home")}, **changes)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def _start(root: Path, log: Path, env: dict) -> subprocess.Popen:
+    # A session of its own, as a terminal's job: its processes are found (and stopped) by session.
+    return subprocess.Popen([str(PFORGE), "run", str(TINY), "--root", str(root)], cwd=PROJECT_ROOT, env=env,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _in_session(sid: int) -> list[str]:
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getsid(process.pid) == sid:
+                left.append(" ".join(process.info["cmdline"] or [])[:160])
+        except (ProcessLookupError, PermissionError):
+            pass
+    return left
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(10)
+
+
+def _built(output: str) -> dict[str, str]:
+    """artifact stage -> version of each "(built)" line (the engine logs it once committed)."""
+    return {m.group(2): m.group(3) for m in BUILT.finditer(output)}
+
+
+def _registered(root: Path) -> dict[str, str]:
+    return {row["stage"]: row["version"] for row in ArtifactStore(root).list_artifacts()}
+
+
+# (the stage's "running" line to wait for, seconds after it, the signal, the artifact it builds)
+SCENARIOS = {
+    "sigint-in-ingest": ("ingest_documents", 0.0, signal.SIGINT, "documents"),
+    "sigint-0.3s-into-the-bm25-index": ("bm25_index", 0.3, signal.SIGINT, "bm25_index"),
+    "sigterm-0.3s-into-the-bm25-index": ("bm25_index", 0.3, signal.SIGTERM, "bm25_index"),
+}
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """The three interruptions, started at once (each waits for its own stage): per scenario its
+    exit code, seconds from the signal to the exit, output, what was left in its session, root."""
+    tmp = tmp_path_factory.mktemp("interrupted")
+    runs = {}
+    for name in SCENARIOS:
+        log = tmp / f"{name}.log"
+        runs[name] = {"root": tmp / name, "log": log, "process": _start(tmp / name, log, _env(tmp))}
+    try:
+        deadline = time.monotonic() + 240
+        while any("rc" not in run for run in runs.values()) and time.monotonic() < deadline:
+            for name, run in runs.items():
+                stage, delay, signum, _ = SCENARIOS[name]
+                process = run["process"]
+                if "rc" in run:
+                    continue
+                if "signalled" not in run:
+                    if process.poll() is not None:
+                        raise AssertionError(f"{name}: exited ({process.returncode}) before {stage}:\n"
+                                             f"{run['log'].read_text(errors='replace')[-3000:]}")
+                    output = run["log"].read_text(errors="replace")
+                    if f"{stage}: running" in output:
+                        run.setdefault("reached", time.monotonic())
+                        if time.monotonic() - run["reached"] >= delay:
+                            os.kill(process.pid, signum)
+                            run["signalled"] = time.monotonic()
+                elif process.poll() is not None:
+                    run.update(rc=process.returncode, seconds=time.monotonic() - run["signalled"],
+                               left=_in_session(process.pid), output=run["log"].read_text(errors="replace"))
+                elif time.monotonic() - run["signalled"] > 60:
+                    run.update(rc=None, seconds=float("inf"), left=_in_session(process.pid),
+                               output=run["log"].read_text(errors="replace"))
+            time.sleep(0.02)
+        missing = [name for name, run in runs.items() if "rc" not in run]
+        assert not missing, f"never reached their stage: {missing}"
+        yield runs
+    finally:
+        for run in runs.values():
+            _kill_session(run["process"])
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_signal_stops_the_run_at_once_with_one_line_and_its_server_and_leaves_nothing_partial(
+        interrupted, scenario, capsys):
+    from flows.cli import main
+
+    stage, _, signum, artifact = SCENARIOS[scenario]
+    run = interrupted[scenario]
+    output = run["output"]
+    assert run["rc"] == 128 + signum, output[-3000:]
+    assert run["seconds"] < EXIT_WITHIN_S
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert [line for line in output.splitlines() if line.startswith("pforge:")] == \
+        [f"pforge: interrupted ({signal.Signals(signum).name}); nothing partial was registered"]
+    assert output.rstrip().splitlines()[-1].startswith("pforge: interrupted")
+    assert run["left"] == []  # the ephemeral Prefect server (uvicorn) went with the run
+    # The store holds exactly what the run reported built, never the interrupted stage.
+    assert main(["--root", str(run["root"]), "artifacts"]) == 0
+    listed = capsys.readouterr().out
+    registered = _registered(run["root"])
+    assert registered == _built(output)
+    assert artifact not in registered and f"\n{artifact} " not in listed
+    assert not list(run["root"].glob("*/.tmp-*"))  # the interrupted build's folder: removed on the next open
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+def test_the_next_runs_complete_two_at_once_on_busy_cores_offline(interrupted, tmp_path):
+    """Each interrupted store finishes on the next run. The two runs go at once, each with its own
+    ephemeral server (a shared SQLite database failed them: "database is locked"), while busy
+    loops load every core (the server then starts slower than Prefect's 20 s default allows), and
+    with the analytics variable unset, as from a plain shell (no telemetry attempt)."""
+    import multiprocessing
+
+    roots = [interrupted[name]["root"] for name in ("sigint-in-ingest", "sigterm-0.3s-into-the-bm25-index")]
+    env = _env(interrupted["sigint-in-ingest"]["root"].parent, PREFECT_SERVER_ANALYTICS_ENABLED=None)
+    logs = [tmp_path / f"next-{i}.log" for i in range(2)]
+    busy = [multiprocessing.get_context("spawn").Process(target=_busy, daemon=True) for _ in range(os.cpu_count() + 1)]
+    processes = []
+    try:
+        for process in busy:
+            process.start()
+        processes = [_start(root, log, env) for root, log in zip(roots, logs)]
+        codes = [p.wait(420) for p in processes]
+    finally:
+        for process in busy:
+            process.kill()
+            process.join(10)
+        for p in processes:
+            _kill_session(p)
+    for root, log, code in zip(roots, logs, codes):
+        output = log.read_text(errors="replace")
+        assert code == 0, output[-3000:]
+        assert "Traceback" not in output and "database is locked" not in output, output[-3000:]
+        assert "telemetry" not in output.lower(), output[-3000:]
+        assert {"documents", "passages", "bm25_index", "bm25_runs", "evaluation"} <= set(_registered(root))
+        assert not list(root.glob("*/.tmp-*"))
