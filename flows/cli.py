@@ -216,7 +216,7 @@ def _gc(args) -> int:
     if args.dry_run:
         print(f"would remove {len(doomed)} artifact(s), {total:,} bytes, from {store.root} (dry run: nothing deleted)")
         return 0
-    removed = store.gc(args.keep)
+    removed = store.gc(plan=doomed)
     print(f"removed {len(removed)} artifact(s), {total:,} bytes, from {store.root}")
     return 0
 

@@ -319,9 +319,10 @@ class ArtifactStore:
             r["disk_bytes"] = _disk_bytes(Path(r["path"]))
         return doomed
 
-    def gc(self, keep_latest: int = 1) -> list[Path]:
-        """Delete what `gc_plan(keep_latest)` lists. Returns the removed folders."""
-        doomed = [(r["stage"], r["version"]) for r in self.gc_plan(keep_latest)]
+    def gc(self, keep_latest: int = 1, plan: list[dict] | None = None) -> list[Path]:
+        """Delete what `gc_plan(keep_latest)` lists (or `plan`, a list it returned, so a caller that
+        showed the plan does not compute it again). Returns the removed folders."""
+        doomed = [(r["stage"], r["version"]) for r in (self.gc_plan(keep_latest) if plan is None else plan)]
         if not doomed:
             return []
         # Catalog first, so nothing listed ever points at a half-deleted folder.
