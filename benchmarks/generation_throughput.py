@@ -1,9 +1,15 @@
-"""doc2query generation throughput: ours (models.generator `QueryGenerator.generate`) vs a plain
-`model.generate` loop over unsorted batches, same model, prompts, settings and hardware, same run.
+"""doc2query generation throughput: ours (models.generator `QueryGenerator.generate`, and the
+CTranslate2 runtime of models/ct2_generator.py at int8 and float32) vs a plain `model.generate`
+loop over unsorted batches, same model, prompts, settings and hardware, same run; optionally the
+quality of each runtime against SQuAD dev gold questions.
 
-    HF_HUB_OFFLINE=1 python benchmarks/generation_throughput.py --passages P.parquet|FOLDER \
+    HF_HUB_OFFLINE=1 python benchmarks/generation_throughput.py [--passages P.parquet|FOLDER] \
         [--limit 64] [--generator smollm2] [--queries-per-passage 5] [--max-new-tokens 24] \
-        [--batch-size 16] [--threads 2] [--repeat 5] [--seed 0] [--device cpu|cuda] [--out r.json]
+        [--batch-size 16] [--threads 2] [--repeat 5] [--seed 0] [--device cpu|cuda] \
+        [--ct2 int8,float32] [--quality 32] [--out r.json]
+
+Without --passages, the passages are the embedded default's SQuAD dev articles (squad-open.yaml)
+cut into DPR's 100-word chunks by the project's chunker.
 
 Systems:
 - ours: ``load_generator(G).generate(passages, n=C, top_p=0.95, top_k=25, max_new_tokens=M,
@@ -18,7 +24,17 @@ Systems:
   ``prompts()``; the script checks that the peer's token ids (padding removed) equal ours
   (``prompt_ids()``) and says how many differ.
 
-Both sample (top-p 0.95, top-k 25, temperature 1), so their outputs differ and may stop at EOS at
+- ct2-int8 / ct2-float32 (--ct2): ``load_ct2_generator(gen, G, compute_type).generate(...)`` with
+  the same arguments: the cached CTranslate2 conversion (converted before timing), a fresh decoder
+  per call (that is what makes its seed reproducible; its load is timed), intra_threads = --threads.
+
+Quality (--quality N): the first N SQuAD dev paragraphs that have gold questions, C questions each
+from torch seed S, torch seed S+1 and each CTranslate2 precision at seed S: BLEU-4 and ROUGE-L
+against the paragraph's gold questions (tasks/qgen/quality.py, as the synthetic_queries stage
+scores), and the round trip: the share of generated questions whose own paragraph BM25 (bm25s,
+over the N paragraphs) ranks first. The two torch seeds' difference is the noise yardstick.
+
+All sample (top-p 0.95, top-k 25, temperature 1), so their outputs differ and may stop at EOS at
 different steps: the script reports the mean number of generated tokens per query (up to and
 including the first EOS) and the mean decoding steps per batch (a batch runs until its last row
 stops) for each, so that a speed difference is not just shorter outputs.
@@ -50,13 +66,72 @@ TOP_P, TOP_K = 0.95, 25
 MAX_SOURCE_LEN = 256
 NAMES = {"peer": "plain `model.generate` loop, corpus order (peer)",
          "ours": "ours (`QueryGenerator.generate`: length-sorted batches, shared prompt cache)"}
+CT2_NAMES = {"int8": "ctranslate2 int8 (`load_ct2_generator`)", "float32": "ctranslate2 float32 (`load_ct2_generator`)"}
+SQUAD_DEV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "squad" / "dev-v1.1-partial.json"
 
 
-def load_passages(path: str, limit: int) -> list[tuple[str, str]]:
+def load_passages(path: str | None, limit: int) -> list[tuple[str, str]]:
+    if path is None:  # the embedded default's corpus: SQuAD dev articles in 100-word chunks
+        from tasks.chunking.chunker import chunk_documents
+        from tasks.readers.squad import iter_squad_documents
+
+        chunks = chunk_documents(iter_squad_documents(SQUAD_DEV), words=100)
+        return [(c["title"], c["text"]) for _, c in zip(range(limit or 10**9), chunks)]
     table = pq.read_table(path, columns=["title", "text"])
     table = table.slice(0, limit or table.num_rows)
     return [(t or "", x or "") for t, x in zip(table.column("title").to_pylist(),
                                                table.column("text").to_pylist())]
+
+
+def squad_paragraphs(n: int) -> list[tuple[tuple[str, str], list[str]]]:
+    """The first n SQuAD dev paragraphs with gold questions: ((title, context), questions)."""
+    data = json.loads(SQUAD_DEV.read_text())["data"]
+    out = []
+    for article in data:
+        for para in article["paragraphs"]:
+            questions = [q["question"] for q in para["qas"] if q.get("question")]
+            if questions and len(out) < n:
+                out.append(((article["title"].replace("_", " "), para["context"]), questions))
+    return out
+
+
+def quality(generated: list[list[tuple[str, float]]], paragraphs) -> dict:
+    """BLEU-4 / ROUGE-L against the gold questions, and the BM25 round trip over the paragraphs."""
+    import logging
+
+    import bm25s
+
+    from tasks.qgen.quality import bleu_rouge
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+    gen = {str(i): [q for q, _ in qs] for i, qs in enumerate(generated)}
+    refs = {str(i): qs for i, (_, qs) in enumerate(paragraphs)}
+    retriever = bm25s.BM25(k1=0.9, b=0.4)
+    retriever.index(bm25s.tokenize([f"{t} {x}" for (t, x), _ in paragraphs], show_progress=False), show_progress=False)
+    queries = [(i, q) for i, qs in gen.items() for q in qs]
+    top, _ = retriever.retrieve(bm25s.tokenize([q for _, q in queries], show_progress=False), k=1, show_progress=False)
+    first = sum(str(int(t[0])) == i for (i, _), t in zip(queries, top))
+    return {**bleu_rouge(gen, refs), "bm25_own_paragraph_first": first / max(len(queries), 1),
+            "questions": len(queries)}
+
+
+def quality_table(args, gen, ct2_gens: dict, C: int, M: int, B: int) -> dict:
+    """BLEU-4 / ROUGE-L / round trip of torch at two seeds and each CTranslate2 precision."""
+    paragraphs = squad_paragraphs(args.quality)
+    items = [p for p, _ in paragraphs]
+    kw = dict(n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, max_source_len=MAX_SOURCE_LEN)
+    runs = {f"torch seed {args.seed}": lambda: gen.generate(items, seed=args.seed, device=args.device, **kw),
+            f"torch seed {args.seed + 1}": lambda: gen.generate(items, seed=args.seed + 1, device=args.device, **kw)}
+    for c, g in ct2_gens.items():
+        runs[f"ctranslate2 {c} seed {args.seed}"] = lambda g=g: g.generate(items, seed=args.seed, **kw)
+    scores = {name: quality(run(), paragraphs) for name, run in runs.items()}
+    print(f"\n## Quality: {len(paragraphs)} SQuAD dev paragraphs ({sum(len(q) for _, q in paragraphs)} gold "
+          f"questions), {C} questions each, same settings\n")
+    rows = [[name, f"{s['bleu4']:.2f}", f"{s['rougeL']:.2f}", f"{s['bm25_own_paragraph_first']:.3f}", s["questions"]]
+            for name, s in scores.items()]
+    print(timing.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first", "questions"], rows))
+    return scores
 
 
 class StepCounter:
@@ -78,13 +153,19 @@ class StepCounter:
         self.steps += new_tokens.shape[1]
         self.batches += 1
 
+    def add_counts(self, lengths: list[int]) -> None:
+        """Queries counted from their token counts alone (no batch steps known)."""
+        self.tokens += sum(lengths)
+        self.queries += len(lengths)
+
     def means(self) -> tuple[float, float]:
         return self.tokens / max(self.queries, 1), self.steps / max(self.batches, 1)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--passages", required=True, help="passages parquet file or folder (title, text)")
+    ap.add_argument("--passages", help="passages parquet file or folder (title, text); default: the "
+                    "embedded default's SQuAD dev articles in 100-word chunks")
     ap.add_argument("--limit", type=int, default=64, help="passages per repeat, the first ones (0: all)")
     ap.add_argument("--generator", default="smollm2", help="alias, folder or hub name (load_generator)")
     ap.add_argument("--queries-per-passage", type=int, default=5,
@@ -95,6 +176,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     timing.add_repeat_argument(ap, what="generations for all the passages per system")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--ct2", default="int8,float32",
+                    help="CTranslate2 precisions to time beside torch (comma-separated; empty: none)")
+    ap.add_argument("--quality", type=int, default=0,
+                    help="also score N SQuAD dev paragraphs' questions per runtime (0: skip)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -122,7 +207,9 @@ def main(argv=None) -> dict:
         for row, mask, ours_ids in zip(enc["input_ids"], enc["attention_mask"], prompt_ids[s:s + B]):
             differ += row[mask.bool()].tolist() != ours_ids
 
-    counters = {k: StepCounter(tok.eos_token_id) for k in NAMES}
+    precisions = [c for c in args.ct2.split(",") if c]
+    names = {**NAMES, **{f"ct2-{c}": CT2_NAMES[c] for c in precisions}}
+    counters = {k: StepCounter(tok.eos_token_id) for k in names}
     raw_generate = model.generate
 
     def counting_generate(**kw):  # ours calls model.generate: count its outputs the same way
@@ -151,45 +238,68 @@ def main(argv=None) -> dict:
         return texts
 
     fns = {"peer": run_peer, "ours": run_ours}
+    ct2_gens = {}
+    for c in precisions:  # converted (and cached) before any timing
+        from models.ct2_generator import load_ct2_generator
+
+        ct2 = ct2_gens[c] = load_ct2_generator(gen, args.generator, c, args.device, args.threads)
+        raw_sample = ct2.sample_ids
+
+        def counting_sample(*a, _raw=raw_sample, _key=f"ct2-{c}", **kw):
+            out = _raw(*a, **kw)  # generated ids, EOS included when reached: tokens per query
+            counters[_key].add_counts([len(ids) for samples in out for ids, _ in samples])
+            return out
+
+        ct2.sample_ids = counting_sample
+        fns[f"ct2-{c}"] = (lambda items, g=ct2: g.generate(
+            items, n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, seed=args.seed,
+            max_source_len=MAX_SOURCE_LEN))
     for k, f in fns.items():  # warm-up, untimed
         f(passages[:4])
         counters[k].reset()
     sync = torch.cuda.synchronize if device.type == "cuda" else None
-    seconds, last = timing.alternate({k: (lambda r, f=fns[k]: f(passages)) for k in NAMES},
+    seconds, last = timing.alternate({k: (lambda r, f=fns[k]: f(passages)) for k in names},
                                      args.repeat, sync)
-    summaries = {k: timing.summarize(timing.rates(len(passages), seconds[k])) for k in NAMES}
+    summaries = {k: timing.summarize(timing.rates(len(passages), seconds[k])) for k in names}
     ratio = timing.ratio(summaries["ours"], summaries["peer"])
-    means = {k: counters[k].means() for k in NAMES}
+    ratios = {k: timing.ratio(summaries[k], summaries["peer"]) for k in names}
+    means = {k: counters[k].means() for k in names}
     n_ours_questions = sum(len(qs) for qs in last["ours"])
 
     lengths = [len(x) for x in prompt_ids]
     hw = torch.cuda.get_device_name() if device.type == "cuda" else (platform.processor() or platform.machine())
-    print(f"# Generation throughput ({args.passages})\n")
+    print(f"# Generation throughput ({args.passages or 'SQuAD dev articles, 100-word chunks'})\n")
     print(f"generator {args.generator} ({resolve_checkpoint(args.generator)}), causal; {len(passages)} "
           f"passages per repeat (prompt tokens: mean {sum(lengths) / len(lengths):.0f}, min {min(lengths)}, "
           f"max {max(lengths)}; peer ids differing from ours: {differ}); {C} queries per passage, "
           f"top-p {TOP_P}, top-k {TOP_K}, max_new_tokens {M}, batch {B}, seed {args.seed}; "
           f"torch threads {torch.get_num_threads()}; device {device.type} ({hw}); torch {torch.__version__}, "
           f"os.cpu_count() {os.cpu_count()}")
-    print(timing.protocol_line(args.repeat, list(NAMES)) + "\n")
+    print(timing.protocol_line(args.repeat, list(names)) + "\n")
     table = []
-    for k, (name, rate, cell) in zip(NAMES, timing.comparison_rows(
-            {NAMES[k]: summaries[k] for k in NAMES}, reference=NAMES["peer"], spec=".2f")):
-        table.append([name, rate, cell, f"{means[k][0]:.1f}", f"{means[k][1]:.1f}"])
+    for k, (name, rate, cell) in zip(names, timing.comparison_rows(
+            {names[k]: summaries[k] for k in names}, reference=NAMES["peer"], spec=".2f")):
+        steps = f"{means[k][1]:.1f}" if counters[k].batches else "-"
+        table.append([name, rate, cell, f"{means[k][0]:.1f}", steps])
     print(timing.markdown_table(["system", "passages/s median (range)", "ratio vs peer (range)",
                                  "generated tokens / query", "decoding steps / batch"], table))
     print("\nper-repeat seconds: " + "; ".join(
-        f"{k} " + ", ".join(f"{s:.2f}" for s in seconds[k]) for k in NAMES))
+        f"{k} " + ", ".join(f"{s:.2f}" for s in seconds[k]) for k in names))
     print(f"tokens and steps: means over all timed repeats. Ours kept {n_ours_questions} distinct "
           f"non-empty questions of {len(passages) * C} samples in its last repeat.")
-    print(f"example (passage 0): ours {last['ours'][0][:1]!r}; peer {last['peer'][:1]!r}")
+    print(f"example (passage 0): ours {last['ours'][0][:1]!r}; peer {last['peer'][:1]!r}"
+          + "".join(f"; {k} {last[k][0][:1]!r}" for k in names if k.startswith("ct2-")))
     result = {"args": vars(args), "n_passages": len(passages), "prompt_tokens": lengths,
               "peer_ids_differing": differ, "seconds": seconds,
-              "passages_per_s": {k: summaries[k].values for k in NAMES},
+              "passages_per_s": {k: summaries[k].values for k in names},
               "ratio_ours_vs_peer": {"median": ratio.median, "lo": ratio.lo, "hi": ratio.hi,
                                      "parity": ratio.parity},
-              "generated_tokens_per_query": {k: means[k][0] for k in NAMES},
-              "steps_per_batch": {k: means[k][1] for k in NAMES}}
+              "ratio_vs_peer": {k: {"median": r.median, "lo": r.lo, "hi": r.hi, "parity": r.parity}
+                                for k, r in ratios.items()},
+              "generated_tokens_per_query": {k: means[k][0] for k in names},
+              "steps_per_batch": {k: means[k][1] for k in names}}
+    if args.quality:
+        result["quality"] = quality_table(args, gen, ct2_gens, C, M, B)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

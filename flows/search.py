@@ -288,7 +288,6 @@ class _Searcher:
 
     def _dense(self, runs: Artifact, question: str, k: int) -> pa.Table:
         from tasks.dense import faiss_index
-        from tasks.dense.models import for_inference, resolve_device
         from tasks.dense.stages import EncodeSettings, Origin
 
         params = runs.manifest["parameters"]
@@ -298,7 +297,7 @@ class _Searcher:
             raise RuntimeError(f"{runs.path}: {_system_name(runs)}'s encoder came from a model folder (init_from: PATH) "
                                "that the store does not record: pass --config with the config that ran it")
         settings = EncodeSettings(**params["settings"])
-        device = "cpu" if settings.int8 else resolve_device(stage.params.device if stage is not None else "auto")
+        device = settings.device(stage.params.device if stage is not None else "auto")  # CPU for onnx and int8
         served = self._serving(_input(self.store, runs, _input_key(runs, "faiss_index")))
         key = (str(runs.path), str(served.path), device)
         if key not in _LOADED:  # the encoder, the index and its id -> pid map, kept for the next question
@@ -307,7 +306,7 @@ class _Searcher:
             inputs = {}
             if origin.model_input is not None:
                 inputs[origin.model_input] = _input(self.store, runs, origin.model_input)
-            model = for_inference(origin.load(inputs), device, settings.int8)
+            model = settings.for_inference(origin.load(inputs), device)
             index = faiss_index.load_index(served.subdir("index"))
             if IDS_TABLE in served.tables:  # a refreshed index: ids mapped to pids, not rows
                 pids, by_id = pids_by_id(served.read_table(IDS_TABLE)), True

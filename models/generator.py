@@ -81,6 +81,25 @@ class SampledTokenLogprobs(LogitsProcessor):
         return torch.stack(picked, 1).to(new_tokens.device)
 
 
+def _plain_lm_head(model) -> bool:
+    """Logits are lm_head(hidden) and nothing else (no soft-capping or scaling of the logits)."""
+    config = model.config
+    return (model.get_output_embeddings() is not None and getattr(config, "final_logit_softcapping", None) is None
+            and getattr(config, "logit_scale", None) is None and hasattr(model, "base_model"))
+
+
+def _question_token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The causal LM loss (mean cross-entropy of the next token where labels are not -100),
+    with the vocabulary projection applied only at those positions: a question is ~20 of a
+    prompt's ~200 tokens, and the projection to SmolLM2's 49k tokens is ~20% of a step's
+    compute plus a (tokens x vocab) logits tensor and its gradient."""
+    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    targets = batch["labels"][:, 1:]
+    wanted = targets != -100
+    logits = model.get_output_embeddings()(hidden[:, :-1][wanted])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[wanted])
+
+
 class QueryGenerator:
     """A question generator: `kind` is 'seq2seq' or 'causal'; `prefix` goes before each input
     (doc2query T5 checkpoints expect their task prefix, e.g. 'text2query: ')."""
@@ -149,7 +168,10 @@ class QueryGenerator:
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's mean token cross-entropy over the labels that are not -100."""
         device = self.model.device
-        return self.model(**{k: v.to(device) for k, v in batch.items()}).loss
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if self.kind == "causal" and _plain_lm_head(self.model):
+            return _question_token_loss(self.model, batch)
+        return self.model(**batch).loss
 
     # paper 002 section 3.1: nucleus sampling, top-p 0.95 with top-k 25, C (= n) queries per passage
     def generate(self, passages: Sequence[Passage], n: int = 5, top_p: float = 0.95, top_k: int = 25,

@@ -32,6 +32,11 @@ def parquet_rows(path: Path) -> int:
     return pq.read_metadata(path).num_rows
 
 
+def parquet_columns(path: Path) -> list[str]:
+    """The file's column names, from its footer."""
+    return pq.read_schema(path).names
+
+
 class ParquetTableWriter:
     """Stream rows into a table as a sequence of part files.
 

@@ -10,8 +10,8 @@ reranks, runners, index kinds, splits) and shrinks only the amount of work:
   never empty), Wikipedia dumps to 3 pages. BEIR corpora, question files and DPR passage TSVs have
   no size knob: they are read as configured (set $PFORGE_DATA to a folder of small copies).
 - training (dense systems, pretrain runs, the cross-encoder, the generator's fine-tuning): 2
-  optimizer steps of batches of 2. A schedule in epochs stays in epochs (at most 2, of 4 examples
-  each, the generator's of 2), so the epoch path is the one exercised. `eval_every` and
+  optimizer steps of batches of 2. A schedule in epochs stays in epochs (1 of 4 examples, the
+  generator's 2 of 2), so the epoch path is the one exercised. `eval_every` and
   `checkpoint_every` become 1 where they are set, so mid-run evaluations and checkpoints happen.
   Max lengths of 16-64 tokens; dev evaluation on at most 4 questions; the classifier trained on 8
   questions, half of them held out as its dev; xMoCo queues of the smallest size a step allows
@@ -106,15 +106,15 @@ def _data(cfg: dict, notes: list[str]) -> None:
 
 def _schedule(section: dict, examples_key: str | None = "max_questions", per_epoch: int = EPOCH_EXAMPLES,
               lengths: bool = False) -> dict:
-    """2 steps of batches of 2: max_steps stays max_steps; epochs stay epochs (at most 2, of at
-    most `per_epoch` examples where `examples_key` caps them)."""
+    """2 steps of batches of 2: max_steps stays max_steps; epochs stay epochs (about 2 steps' worth,
+    of at most `per_epoch` examples where `examples_key` caps them)."""
     section["batch_size"] = BATCH
     if section.get("max_steps") is not None or "epochs" not in section:
         section["max_steps"] = STEPS
         if examples_key:
             section[examples_key] = _at_most(section.get(examples_key), STEPS * BATCH)
-    else:
-        section["epochs"] = min(int(section["epochs"]), STEPS)
+    else:  # as many epochs as make about STEPS steps: 1 of 1-2 batches, or 2 of one batch each
+        section["epochs"] = min(int(section["epochs"]), max(1, STEPS * BATCH // per_epoch))
         if examples_key:
             section[examples_key] = per_epoch
     for every in ("eval_every", "checkpoint_every"):

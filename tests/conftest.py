@@ -103,3 +103,12 @@ def tiny_generator(tmp_path_factory, shared_data):
                                bos_token_id=1, eos_token_id=1)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runtime_cache(tmp_path_factory):
+    """Converted models (models/runtime_cache.py) go to a folder of this run, not ~/.cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PFORGE_RUNTIME_CACHE", str(tmp_path_factory.mktemp("runtime_cache")))
+    yield
+    patch.undo()

@@ -28,11 +28,11 @@ def _passages(n: int) -> pa.Table:
                      "title": [f"Doc {i // 3}" for i in range(n)], "text": texts})
 
 
-def _encode(tmp_path, checkpoint, runner: RunnerConfig):
+def _encode(tmp_path, checkpoint, runner: RunnerConfig, runtime: str = "torch"):
     """The chunk and encode stages in a store of their own: (encode artifact, its table files)."""
     from storage.parquet import write_table
 
-    store = ArtifactStore(tmp_path / runner.kind)
+    store = ArtifactStore(tmp_path / f"{runner.kind}-{runtime}")
 
     def chunk(params, inputs, out):
         write_table(out, _passages(23))
@@ -42,7 +42,7 @@ def _encode(tmp_path, checkpoint, runner: RunnerConfig):
              "normalize": True, "scale": 1.0}
     params = EncodeParams(system="tiny", origin=Origin(model=model), device="cpu", shard_size=6, runner=runner,
                           settings=EncodeSettings(batch_size=4, passage_max_len=32, query_max_len=16, dtype="float32",
-                                                  bf16=False))
+                                                  bf16=False, runtime=runtime))
     stage = Stage("encode:tiny", "embeddings", "2", ("chunk",), params, _renamed(build_encode), resumable=True)
     artifact = _in_a_flow(store, stage, {"chunk": chunked})
     return artifact, artifact.table_files()
@@ -89,6 +89,17 @@ def test_dask_and_threads_give_the_single_process_bytes(prefect_harness, tmp_pat
             assert theirs.read_bytes() == mine.read_bytes(), (runner.kind, mine.name)
     # each shard was a Prefect task run (what the UI lists)
     assert _completed_shard_runs("encode:tiny ") == sorted([f"encode:tiny {i}/4" for i in range(1, 5)] * 2)
+
+
+def test_onnx_encoding_gives_the_single_process_bytes_on_dask(prefect_harness, tmp_path, tiny_checkpoint):
+    """ONNX Runtime sessions take torch's pinned intra-op thread count, so Dask's workers (which
+    would compute with 1) write the bytes this process writes."""
+    local, local_files = _encode(tmp_path, tiny_checkpoint, RunnerConfig(), runtime="onnx")
+    assert local.manifest["stats"]["runtime"] == "onnx" and local.manifest["stats"]["reference"]["min_cosine"] > 0.9999
+    other, files = _encode(tmp_path, tiny_checkpoint, RunnerConfig(kind="dask", workers=2), runtime="onnx")
+    assert other.version == local.version
+    for mine, theirs in zip(local_files, files, strict=True):
+        assert theirs.read_bytes() == mine.read_bytes(), mine.name
 
 
 CALLS: list[int] = []

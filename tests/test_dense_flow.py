@@ -78,6 +78,9 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     assert any(not torch.equal(q_weights[k], p_weights[k]) for k in q_weights)
     bidi = store.get("embeddings", versions["encode:bidi"]).read_table()
     assert bidi.schema.field("vector").type.list_size == 16  # the FC projection's width
+    # runtime auto is torch; the reference distance is recorded only for other paths (test_dask_runner: onnx)
+    encoded = store.get("embeddings", versions["encode:two-tower"]).manifest["stats"]
+    assert (encoded["runtime"], encoded["precision"]) == ("torch", "fp32") and "reference" not in encoded
     # The search stage keeps its question vectors (miners and embedding fusion read them).
     bidi_queries = store.get("dense_runs", versions["search:bidi"]).read_table("query_vectors")
     assert bidi_queries.column_names == ["qid", "vector"] and bidi_queries.schema.field("vector").type.list_size == 16

@@ -234,3 +234,25 @@ def test_a_causal_tokenizer_needs_eos():
     tok.eos_token = None
     with pytest.raises(ValueError, match="EOS"):
         QueryGenerator(tiny_model(False, len(tok)), tok, "causal")
+
+
+def test_causal_loss_projects_only_question_positions_and_equals_the_models_own(folders):
+    """QueryGenerator.loss applies the vocabulary projection at the question's positions only
+    (models/generator.py _question_token_loss): the same mean cross-entropy, and the same
+    gradients, as the model's own loss over all positions."""
+    gen = load_generator(str(folders["causal"]))
+    batch = gen.training_batch(PASSAGES, ["what is Paris?", "who wrote it?", "when was it built?"])
+    gen.model.train()
+    torch.manual_seed(0)  # dropout: the same mask stream for both passes
+    own = gen.model(**batch).loss
+    own.backward()
+    reference = {n: p.grad.clone() for n, p in gen.model.named_parameters() if p.grad is not None}
+    gen.model.zero_grad()
+    torch.manual_seed(0)
+    sliced = gen.loss(batch)
+    sliced.backward()
+    # float32: the two sum the same terms in another order, a few ulps of the loss apart
+    assert abs(float(sliced) - float(own)) <= 1e-5 * max(1.0, abs(float(own)))
+    for name, grad in reference.items():
+        assert torch.allclose(gen.model.get_parameter(name).grad, grad, rtol=1e-4, atol=1e-6), name
+    gen.model.zero_grad()

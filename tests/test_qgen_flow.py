@@ -62,6 +62,10 @@ def test_generator_synthetic_pairs_and_two_stage_training(prefect_harness, tmp_p
     stats = queries.manifest["stats"]
     assert stats["passages"] == 24 and stats["shards"] == 3 and stats["queries"] == len(rows)
     assert {"bleu4", "rougeL", "bm25_own_passage_first", "duplicate_share", "examples"} <= set(stats["quality"])
+    # a GPT-2 generator: 'auto' resolves to torch, recorded beside the quality it measured
+    assert (stats["runtime"], stats["quality"]["runtime"], stats["compute_type"]) == ("torch", "torch", "float32")
+    made = store.get("pairs", versions["pairs:synthetic"]).manifest["stats"]
+    assert (made["runtime"], made["compute_type"]) == ("torch", "float32") and 0 <= made["round_trip_kept"] <= 1
 
     # Synthetic pairs feed stage 1 with context negatives; stage 2 starts from stage 1 on gold pairs.
     pairs = store.sql("SELECT source, count(*) AS n FROM pairs GROUP BY 1 ORDER BY 1").to_pylist()

@@ -19,7 +19,9 @@ def _config(tmp_path, checkpoint):
     config = {
         "extends": str(PROJECT_ROOT / "configs" / "tiny.yaml"),
         "negatives": {"drop_relevant_above": 0.99},
+        # runtime onnx (auto is torch): silver, rerank and the judge score through ONNX Runtime here
         "cross_encoder": {"base": str(checkpoint), "dense_system": "zs", "report_max_questions": 10, "device": "cpu",
+                          "runtime": "onnx",
                           "train": {"max_steps": 4, "batch_size": 8, "lr": 1.0e-3, "max_length": 96}},
         # threshold 0: every candidate is kept, so the tiny run has silver pairs whatever p is
         "silver": {"queries": ["train"], "retriever": "zs", "top_k": 3, "threshold": 0.0, "max_queries": 12,
@@ -66,6 +68,10 @@ def test_silver_pipeline(silver_run):
     gold = {(r["qid"], r["pid"]) for r in store.sql("SELECT qid, pid FROM pairs WHERE source = 'gold'").to_pylist()}
     assert not gold & {(r["qid"], r["pid"]) for r in silver}
     assert store.sql("SELECT count(*) FROM pairs WHERE source = 'silver'").column(0)[0].as_py() == len(silver)
+    scored = store.get("pairs", versions["pairs:silver"]).manifest["stats"]
+    assert scored["runtime"] == "onnx" and scored["precision"] == "fp32"
+    # checked against torch fp32 on the first pairs
+    assert scored["reference"]["pairs"] > 0 and scored["reference"]["max_abs_p_diff"] < 1e-4
     by_source = store.get("pairs", versions["pairs:silver"]).manifest["stats"]["by_source"]["train"]
     assert by_source["queries"] == 12 and by_source["silver"] == len(silver)
     assert sum(b["pairs"] for b in by_source["p_histogram"]) == by_source["candidates"]

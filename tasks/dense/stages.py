@@ -51,7 +51,9 @@ class EncodeConfig(_Strict):
     query_max_len: int = Field(64, ge=4)
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
     bf16: bool = Field(False, description="bf16 autocast while encoding (CUDA, or CPUs with bf16 units)")
-    int8: bool = Field(False, description="CPU only: dynamic int8 quantisation of the Linear layers (benchmarks/encoding_throughput.py measures speed and accuracy)")
+    int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
+    runtime: Literal["auto", "torch", "onnx"] = Field(
+        "auto", description="torch (the reference) or onnx (ONNX Runtime, CPU); auto: torch (ONNX Runtime measured at parity on the CPUs here: benchmarks/runtime_encoding.py)")
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 
@@ -73,10 +75,26 @@ class EncodeSettings(BaseModel):
     dtype: str
     bf16: bool
     int8: bool = False
+    runtime: Literal["torch", "onnx"] = "torch"   # resolved at planning: the runtime a version was computed with
 
     @classmethod
     def of(cls, encode: EncodeConfig) -> "EncodeSettings":
-        return cls(**encode.model_dump(include=set(cls.model_fields)))
+        from models.onnx_runtime import resolve_runtime
+
+        values = encode.model_dump(include=set(cls.model_fields) - {"runtime"})
+        return cls(**values, runtime=resolve_runtime(encode.runtime, encode.device, encode.bf16))
+
+    @property
+    def precision(self) -> str:
+        return "int8" if self.int8 else "bf16" if self.bf16 else "fp32"
+
+    def for_inference(self, model, device: str):
+        return for_inference(model, device, self.int8, self.runtime)
+
+    def device(self, configured: str) -> str:
+        """Where vectors are computed: the CPU for onnx and int8 (a worker of a planned-on-CPU
+        version may see a GPU), else the configured device ('auto' resolved here)."""
+        return "cpu" if self.runtime == "onnx" or self.int8 else resolve_device(configured)
 
     def encode(self, model, texts, side: str, device: str, **kw):
         return encode_side(model, texts, side, batch_size=self.batch_size, passage_max_len=self.passage_max_len,
@@ -185,10 +203,10 @@ def _encode_shard(job: _EncodeJob, spec: tuple[str, int, int, int]):
     from tasks.dense.encode import embeddings_table
 
     path, start, stop, done = spec
-    device = resolve_device(job.device)
-    model = worker_cached(("bi_encoder", job.origin.model_dump_json(), job.folder, device, job.settings.int8),
-                          lambda: for_inference(job.origin.load_from(job.folder and Path(job.folder)), device,
-                                                job.settings.int8))
+    device = job.settings.device(job.device)
+    model = worker_cached(("bi_encoder", job.origin.model_dump_json(), job.folder, device, job.settings.int8,
+                           job.settings.runtime),
+                          lambda: job.settings.for_inference(job.origin.load_from(job.folder and Path(job.folder)), device))
     rows = read_rows(Path(path), start, stop, ["pid", "title", "text"])
     pairs = list(zip(rows.column("title").to_pylist(), rows.column("text").to_pylist()))
     vectors = job.settings.encode(model, pairs, "passage", device, done=done, total=job.total, log=_log)
@@ -222,11 +240,42 @@ def build_encode(params: EncodeParams, inputs: dict[str, Artifact], out: Path, w
 
     files = encode_in_shards(params.origin, params.origin.folder(inputs), params.settings, params.device, params.runner,
                              work, inputs["chunk"].table_files(), params.shard_size, f"encode:{params.system}")
+    first = next(f for f in inputs["chunk"].table_files() if parquet_rows(f))  # the first shard's passages
+    accuracy = reference_agreement(params.origin, params.origin.folder(inputs), params.settings,
+                                   resolve_device(params.device), first, files[0])
     move_shards_into(files, out)
     dim = pq.read_schema(files[0]).field("vector").type.list_size
     total = sum(parquet_rows(f) for f in files)
     return {"stats": {"passages": total, "dim": dim, "shard_size": params.shard_size, "shards": len(files),
+                      "runtime": params.settings.runtime, "precision": params.settings.precision, **accuracy,
                       **runner_stats(params.runner)}}
+
+
+REFERENCE_SAMPLE = 32  # passages re-encoded by torch fp32 to check a faster path (seconds, not minutes)
+
+
+def reference_agreement(origin: Origin, folder: Optional[Path], settings: EncodeSettings, device: str,
+                        passages: Path, vectors: Path) -> dict:
+    """For a path other than torch fp32 (onnx, int8, bf16): the mean and min cosine between its
+    vectors of the first passages (`vectors`, the first shard written from the `passages` file)
+    and torch fp32's vectors of the same passages; {} for torch fp32 itself."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from storage.shards import read_rows
+    from tasks.dense.encode import vectors_from_table
+
+    if settings.runtime == "torch" and settings.precision == "fp32":
+        return {}
+    got = vectors_from_table(pq.read_table(vectors).slice(0, REFERENCE_SAMPLE))[1].astype(np.float32)
+    rows = read_rows(passages, 0, len(got), ["title", "text"])
+    pairs = list(zip(rows.column("title").to_pylist(), rows.column("text").to_pylist()))
+    reference = settings.model_copy(update={"runtime": "torch", "int8": False, "bf16": False})
+    model = reference.for_inference(origin.load_from(folder), device)
+    want = reference.encode(model, pairs, "passage", device).astype(np.float32)
+    cos = (got * want).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-12)
+    return {"reference": {"against": "torch fp32", "passages": len(got), "mean_cosine": round(float(cos.mean()), 6),
+                          "min_cosine": round(float(cos.min()), 6)}}
 
 
 def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -247,7 +296,7 @@ def search_texts(origin: Origin, settings: EncodeSettings, inputs: dict[str, Art
     from tasks.dense import faiss_index
 
     pids = encoded.read_table(columns=["pid"]).column("pid")
-    model = for_inference(origin.load(inputs), device, settings.int8)
+    model = settings.for_inference(origin.load(inputs), device)
     vectors = settings.encode(model, texts, "query", device, log=log)
     loaded = faiss_index.load_index(index.subdir("index"))
     return faiss_index.search(loaded, vectors.astype("float32"), k, pids, qids, system=system), vectors
@@ -256,7 +305,7 @@ def search_texts(origin: Origin, settings: EncodeSettings, inputs: dict[str, Art
 def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from tasks.dense.encode import query_vectors_table
 
-    device = resolve_device(params.device)
+    device = params.settings.device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])
     runs, vectors = search_texts(params.origin, params.settings, inputs, inputs["encode"], inputs["index"],
                                  questions.column("qid"), questions.column("question").to_pylist(), params.k, device,

@@ -20,6 +20,7 @@ from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
+from tasks.silver.stages import ScoringSettings
 
 logger = logging.getLogger("passage_forge")
 
@@ -97,6 +98,7 @@ class MineParams(StageParams):
     drop_relevant_above: Optional[float] = None
     questions_per_shard: int = 16384
     judge_shard_size: int = 20000
+    judge_scoring: Optional[ScoringSettings] = None  # how the cross_encoder judges (with drop_relevant_above)
     runner: RunnerConfig = LOCAL
 
 
@@ -134,8 +136,8 @@ def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:
     from tasks.silver.stages import cross_encoder_on
 
     i, pairs = spec
-    device = resolve_device(job.device)
-    p = cross_encoder_on(job.model, device).score(pairs, job.batch_size, device=device, bf16=device == "cuda",
+    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
+    p = cross_encoder_on(job.model, device, job.scoring).score(pairs, job.batch_size, device=device, bf16=device == "cuda",
                                                  progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: judged"))
     return pa.table({"p": pa.array(p, pa.float32())})
 
@@ -152,7 +154,7 @@ def _relevance_judge(params: MineParams, inputs: dict[str, Artifact], work: Path
         step = params.judge_shard_size
         specs = [(i, pairs[start:start + step]) for i, start in enumerate(range(0, len(pairs), step))]
         job = ScoreJob(str(inputs["cross_encoder"].subdir("model")), "auto", 64, len(specs),
-                       label=f"negatives:{params.strategy}: judge")
+                       label=f"negatives:{params.strategy}: judge", scoring=params.judge_scoring or ScoringSettings())
         (work / "judge").mkdir(exist_ok=True)  # its own shard plan, beside the mining's
         files = run_shards(params.runner, work / "judge", specs, partial(_judge_shard, job), label=job.label)
         p = pa.concat_tables([pq.read_table(f) for f in files]).column("p").to_numpy()
@@ -268,6 +270,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     common = dict(match_type=cfg.evaluation.match_type, shard_size=c.shard_size, drop_relevant_above=c.drop_relevant_above,
                   questions_per_shard=c.questions_per_shard, judge_shard_size=c.judge_shard_size, runner=cfg.runner)
     judge = ("cross_encoder",) if c.drop_relevant_above is not None else ()
+    if judge and cfg.cross_encoder is not None:
+        common["judge_scoring"] = ScoringSettings.of(cfg.cross_encoder)
     mined = {}
     if "bm25" in wanted:
         mined["bm25"] = ("bm25_search", c.bm25, ())

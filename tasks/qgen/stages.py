@@ -57,6 +57,12 @@ class GenerateConfig(_Strict):
         "with max_passages: the passages of these splits' articles first, the rest a seeded sample (corpus text "
         "only: their questions are never read)"))
     device: str = Field("auto", description="'auto' picks CUDA when present")
+    # Resolved when the run is planned (models/ct2_generator.py `resolve_runtime`): the version
+    # hashes the runtime and precision that sample, since they change the questions.
+    runtime: Literal["auto", "torch", "ctranslate2"] = Field("auto", description=(
+        "'auto': ctranslate2 on a CPU for a Llama-family causal generator (e.g. smollm2) when it imports, else torch"))
+    compute_type: Literal["auto", "int8", "float32"] = Field("auto", description=(
+        "ctranslate2's precision ('auto': int8); torch always generates in float32"))
 
 
 class QgenConfig(_Strict):
@@ -97,6 +103,16 @@ def _device(wanted: str) -> str:
     from tasks.dense.models import resolve_device
 
     return resolve_device(wanted)
+
+
+def resolved_generate(q: QgenConfig) -> GenerateConfig:
+    """`q.generate` with its runtime and precision resolved for this machine and generator."""
+    from models.ct2_generator import resolve_runtime
+
+    g = q.generate
+    device = _device(g.device) if g.runtime == "auto" else g.device
+    runtime, compute_type = resolve_runtime(g.runtime, g.compute_type, q.generator, q.kind, device)
+    return g.model_copy(update={"runtime": runtime, "compute_type": compute_type})
 
 
 def _pair_rows(pairs: pa.Table, passages: pa.Table, split: str, limit: Optional[int], seed: int):
@@ -166,6 +182,8 @@ _generating = threading.Lock()
 
 def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa.Table:
     """Shard i's passages (pids, titles, texts): C sampled queries each, seeded by the shard."""
+    import torch
+
     from models.generator import load_generator
 
     i, pids, titles, texts = spec
@@ -173,10 +191,18 @@ def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa
 
     def load():
         generator = load_generator(job.source, job.kind, job.prefix)
+        if g.runtime == "ctranslate2":
+            from models.ct2_generator import load_ct2_generator
+
+            return load_ct2_generator(generator, job.source, g.compute_type, device, threads)
         generator.model.to(device).eval()
         return generator
 
-    generator = worker_cached(("generator", job.source, job.kind, job.prefix, device), load)
+    # runners pin torch's threads per shard (tasks/threads.py); CTranslate2 takes that count when
+    # built, so it is part of the key
+    threads = torch.get_num_threads()
+    key = ("generator", job.source, job.kind, job.prefix, device, g.runtime, g.compute_type, threads)
+    generator = worker_cached(key, load)
     with _generating:
         # Seeded per shard, so a resumed build samples what an uninterrupted one would.
         sampled = generator.generate(list(zip(titles, texts)), n=g.queries_per_passage, top_p=g.top_p, top_k=g.top_k,
@@ -214,7 +240,9 @@ def build_synthetic_queries(params: GenerateParams, inputs: dict[str, Artifact],
     table = pa.concat_tables([pq.read_table(f) for f in files])
     per_passage = table.num_rows / max(passages.num_rows, 1)
     return {"stats": {"passages": passages.num_rows, "queries": table.num_rows, "queries_per_passage": round(per_passage, 3),
-                      "shards": n_shards, "quality": _quality(table, passages, inputs, params.quality_split),
+                      "shards": n_shards, "runtime": g.runtime, "compute_type": g.compute_type,
+                      "quality": {**_quality(table, passages, inputs, params.quality_split),
+                                  "runtime": g.runtime, "compute_type": g.compute_type},
                       **runner_stats(params.runner)}}
 
 
@@ -259,8 +287,10 @@ def build_synthetic_pairs(params: SyntheticPairsParams, inputs: dict[str, Artifa
         own = {(q, p) for q, p in zip(runs.column("qid").to_pylist(), runs.column("pid").to_pylist())}
         kept = pairs.filter(pa.array([(q, p) in own for q, p in zip(qids, queries.column("pid").to_pylist())]))
     write_table(out, kept)
+    # the generation's runtime beside the round-trip rate, so runtimes compare in one table
+    made_by = {k: inputs["synthetic_queries"].manifest.get("stats", {}).get(k) for k in ("runtime", "compute_type")}
     return {"stats": {"queries": pairs.num_rows, "pairs": kept.num_rows,
-                      "round_trip_kept": kept.num_rows / max(pairs.num_rows, 1)}}
+                      "round_trip_kept": kept.num_rows / max(pairs.num_rows, 1), **made_by}}
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
@@ -277,7 +307,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out.append(Stage("synthetic_queries", "synthetic_queries", "1",
                      ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if model_input else [])),
                      GenerateParams(generator=q.generator, kind=q.kind, prefix=q.prefix, model_input=model_input,
-                                    generate=q.generate, quality_split=q.quality_split, runner=cfg.runner),
+                                    generate=resolved_generate(q), quality_split=q.quality_split, runner=cfg.runner),
                      build_synthetic_queries, resumable=True))
     filter_inputs = ("bm25_index",) if q.filter_bm25_top_k else ()
     out.append(Stage("pairs:synthetic", "pairs", "1", ("synthetic_queries", *filter_inputs),

@@ -17,6 +17,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
+from tasks.silver.stages import ScoringSettings
 
 logger = logging.getLogger("passage_forge")
 
@@ -44,6 +45,7 @@ class RerankParams(StageParams):
     shard_size: int         # questions per shard
     device: str
     batch_size: int
+    scoring: ScoringSettings = ScoringSettings()
     runner: RunnerConfig = LOCAL
 
 
@@ -56,6 +58,7 @@ class _RerankJob:
     depth: int
     system: str
     n_shards: int
+    scoring: ScoringSettings = ScoringSettings()
 
 
 def _rerank_shard(job: _RerankJob, spec: tuple[int, pa.Table, dict, dict]) -> pa.Table:
@@ -66,8 +69,8 @@ def _rerank_shard(job: _RerankJob, spec: tuple[int, pa.Table, dict, dict]) -> pa
     from tasks.silver.stages import cross_encoder_on
 
     i, part, question_of, text_of = spec
-    device = resolve_device(job.device)
-    model = cross_encoder_on(job.model, device)
+    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
+    model = cross_encoder_on(job.model, device, job.scoring)
     log = progress_logger(f"{job.system}: shard {i + 1}/{job.n_shards}: pairs")
 
     def scorer(pairs):
@@ -96,13 +99,32 @@ def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, w
         head = part.filter(pc.less_equal(part.column("rank"), params.depth)).column("pid").to_pylist()
         specs.append((i, part, {q: question_of[q] for q in qids}, {p: text_of[p] for p in head}))
     job = _RerankJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, params.depth,
-                     params.system, len(shards))
+                     params.system, len(shards), params.scoring)
     files = run_shards(params.runner, work, specs, partial(_rerank_shard, job), label=params.system) if shards else []
     table = pa.concat_tables([pq.read_table(f, schema=RUNS) for f in files]) if files else RUNS.empty_table()
     write_table(out, table)
+    accuracy = _agreement(job, specs[0], table) if specs else {}
     return {"stats": {"questions": len(set(table.column("qid").to_pylist())), "depth": params.depth,
+                      "runtime": params.scoring.runtime, "precision": params.scoring.precision, **accuracy,
                       "reranked_pairs": pc.sum(pc.less_equal(run.column("rank"), params.depth)).as_py() or 0,
                       "splits": params.splits, **runner_stats(params.runner)}}
+
+
+def _agreement(job: _RerankJob, spec, table: pa.Table) -> dict:
+    """The first shard's first reranked pairs: their p (sigmoid of the stored logits) against
+    torch fp32's (silver's `scoring_agreement`)."""
+    import numpy as np
+
+    from models.cross_encoder import sigmoid
+    from tasks.silver.stages import SCORING_SAMPLE, scoring_agreement
+
+    _, part, question_of, text_of = spec
+    head = part.filter(pc.less_equal(part.column("rank"), job.depth)).slice(0, SCORING_SAMPLE)
+    score = {(q, p): s for q, p, s in zip(table.column("qid").to_pylist(), table.column("pid").to_pylist(),
+                                          table.column("score").to_pylist())}
+    keys = list(zip(head.column("qid").to_pylist(), head.column("pid").to_pylist()))
+    logits = np.array([score[k] for k in keys], dtype=np.float32)
+    return scoring_agreement(job.model, job.scoring, [(question_of[q], text_of[p]) for q, p in keys], sigmoid(logits))
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
@@ -119,7 +141,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
             raise ValueError(f"rerank of {r.run!r}: not a system with runs; systems: {sorted(known)}")
         params = RerankParams(system=r.system, run_stage=known[r.run], depth=r.depth, splits=r.splits,
                               shard_size=r.shard_questions, device=cfg.cross_encoder.device,
-                              batch_size=cfg.cross_encoder.batch_size, runner=cfg.runner)
+                              batch_size=cfg.cross_encoder.batch_size, scoring=ScoringSettings.of(cfg.cross_encoder),
+                              runner=cfg.runner)
         out.append(Stage(f"rerank:{r.system}", "reranked_runs", "1",
                          ("cross_encoder", "ingest_questions", "chunk", known[r.run]), params, build_rerank,
                          produces_runs=True, resumable=True, variant={"system": r.system}))

@@ -48,7 +48,38 @@ class CrossEncoderConfig(BaseModel):
     report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
     batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
     device: str = Field("auto", description="auto, cpu or cuda")
+    runtime: Literal["auto", "torch", "onnx"] = Field(
+        "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference) or onnx "
+                            "(ONNX Runtime, CPU); auto: torch (ONNX Runtime measured at parity on the CPUs here)")
+    int8: bool = Field(False, description="CPU only: score with int8 weights (torch dynamic int8 or ORT int8)")
     seed: int = 13
+
+
+class ScoringSettings(BaseModel):
+    """How the classifier scores (hashed by every stage that scores with it): the runtime,
+    resolved at planning, and the precision."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    runtime: Literal["torch", "onnx"] = "torch"
+    int8: bool = False
+
+    @classmethod
+    def of(cls, config: CrossEncoderConfig) -> "ScoringSettings":
+        from models.onnx_runtime import resolve_runtime
+
+        on_cuda = config.device.startswith("cuda") or (config.device == "auto" and _cuda_present())
+        if config.int8 and on_cuda:
+            raise ValueError(f"cross_encoder.int8 quantises for the CPU; the device is {config.device!r} (CUDA here)")
+        return cls(runtime=resolve_runtime(config.runtime, config.device), int8=config.int8)
+
+    @property
+    def precision(self) -> str:
+        return "int8" if self.int8 else "fp32"
+
+
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class SilverConfig(BaseModel):
@@ -66,7 +97,8 @@ class SilverConfig(BaseModel):
 
 
 class CrossEncoderParams(StageParams):
-    RUNTIME = frozenset({"device", "config.device"})
+    # The stage trains and reports with torch: how later stages score does not change its output.
+    RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8"})
     config: CrossEncoderConfig
     match_type: str
     device: str
@@ -174,6 +206,7 @@ class SilverParams(StageParams):
     dense_encode: Optional[EncodeSettings] = None
     device: str
     batch_size: int
+    scoring: ScoringSettings = ScoringSettings()
     shard_size: int
     bm25_k1: float
     bm25_b: float
@@ -197,23 +230,61 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
 
         return bm25_search(inputs["bm25_index"].subdir("index"), items, k=params.config.top_k + 1,
                            k1=params.bm25_k1, b=params.bm25_b, system="bm25")
-    from tasks.dense.models import resolve_device
     from tasks.dense.stages import search_texts
 
     system = params.config.retriever
     runs, _ = search_texts(params.dense_origin, params.dense_encode, inputs, inputs[f"encode:{system}"],
                            inputs[f"index:{system}"], pa.array([q for q, _ in items]), [t for _, t in items],
-                           params.config.top_k + 1, resolve_device(params.device), system)
+                           params.config.top_k + 1, params.dense_encode.device(params.device), system)
     return runs
 
 
-def cross_encoder_on(folder: str, device: str):
-    """The classifier of `folder` on `device`, loaded once per process (shards of the silver and
-    rerank stages share it). In eval mode: threads may score with it at once."""
+def cross_encoder_on(folder: str, device: str, scoring: ScoringSettings | None = None):
+    """The classifier of `folder` on `device` as `scoring` says (torch fp32 by default; int8; or
+    ONNX Runtime, CPU only), loaded once per process (shards of the silver and rerank stages
+    share it). In eval mode: threads may score with it at once."""
+    scoring = scoring or ScoringSettings()
+    return worker_cached(("cross_encoder", folder, device, scoring.runtime, scoring.int8),
+                         lambda: load_scorer(folder, device, scoring))
+
+
+def load_scorer(folder: str, device: str, scoring: ScoringSettings):
+    """A model with `logits` / `score` (CrossEncoderModel's signature) for `scoring`."""
     from models.cross_encoder import CrossEncoderModel
 
-    return worker_cached(("cross_encoder", folder, device),
-                         lambda: CrossEncoderModel.from_pretrained(folder).to(device).eval())
+    model = CrossEncoderModel.from_pretrained(folder).eval()
+    if scoring.runtime == "onnx" or scoring.int8:
+        if device != "cpu":
+            raise ValueError(f"cross_encoder runtime {scoring.runtime} {scoring.precision} scores on the CPU; "
+                             f"the device is {device!r}")
+    if scoring.runtime == "onnx":
+        from models.onnx_runtime import OnnxCrossEncoder
+
+        return OnnxCrossEncoder.from_model(model, int8=scoring.int8)
+    if scoring.int8:
+        from models.quantization import quantize_dynamic_int8
+
+        return quantize_dynamic_int8(model)
+    return model.to(device)
+
+
+SCORING_SAMPLE = 32  # pairs re-scored by torch fp32 to check a faster path (seconds)
+
+
+def scoring_agreement(folder: str, scoring: ScoringSettings, pairs, p) -> dict:
+    """For a scoring path other than torch fp32: max and mean |p - p_torch_fp32| over the first
+    pairs scored ({} for torch fp32 itself)."""
+    import numpy as np
+
+    if scoring == ScoringSettings():
+        return {}
+    pairs, p = list(pairs)[:SCORING_SAMPLE], np.asarray(p, dtype=np.float64)[:SCORING_SAMPLE]
+    if not pairs:
+        return {}
+    want = cross_encoder_on(folder, "cpu").score(pairs, batch_size=SCORING_SAMPLE, device="cpu").astype(np.float64)
+    diff = np.abs(p - want)
+    return {"reference": {"against": "torch fp32", "pairs": len(pairs), "max_abs_p_diff": round(float(diff.max()), 6),
+                          "mean_abs_p_diff": round(float(diff.mean()), 6)}}
 
 
 @dataclass(frozen=True)
@@ -225,6 +296,7 @@ class ScoreJob:
     batch_size: int
     n_shards: int
     label: str = "silver"
+    scoring: ScoringSettings = ScoringSettings()
 
 
 def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):
@@ -236,8 +308,8 @@ def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):
     i, shard, text_of = spec
     if not shard:
         return SCORED.empty_table()
-    device = resolve_device(job.device)
-    return score_candidates(cross_encoder_on(job.model, device), shard, text_of, job.batch_size, device,
+    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
+    return score_candidates(cross_encoder_on(job.model, device, job.scoring), shard, text_of, job.batch_size, device,
                             bf16=device == "cuda", progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: pairs"))
 
 
@@ -283,7 +355,8 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     for i in range(n_shards):
         shard = candidates[i * params.shard_size:(i + 1) * params.shard_size]
         specs.append((i, shard, {c.pid: text_of[c.pid] for c in shard}))
-    job = ScoreJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, n_shards)
+    job = ScoreJob(str(inputs["cross_encoder"].subdir("model")), params.device, params.batch_size, n_shards,
+                   scoring=params.scoring)
 
     def report(i: int, reused: bool) -> None:
         logger.info("silver: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "scored")
@@ -291,6 +364,10 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     files = run_shards(params.runner, work, specs, partial(_score_shard, job), report, label="silver")
     scored = pa.concat_tables([pq.read_table(f, schema=SCORED) for f in files])
     silver = keep_silver(scored, c.threshold)
+    head = scored.slice(0, SCORING_SAMPLE)
+    accuracy = scoring_agreement(job.model, params.scoring, zip(head.column("query").to_pylist(),
+                                                                [text_of[x] for x in head.column("pid").to_pylist()]),
+                                 head.column("p").to_numpy())
     write_table(out, silver_training_pairs(silver, queries_of))
     write_table(out, silver, name="silver_pairs")
     write_table(out, scored, name="scored_candidates")
@@ -307,6 +384,7 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     logger.info("silver: %d of %d candidates kept (p >= %.2f)", silver.num_rows, scored.num_rows, c.threshold)
     return {"stats": {"candidates": scored.num_rows, "silver": silver.num_rows, "threshold": c.threshold,
                       "retriever": c.retriever, "top_k": c.top_k, "shards": n_shards, "by_source": by_source,
+                      "runtime": params.scoring.runtime, "precision": params.scoring.precision, **accuracy,
                       **runner_stats(params.runner)}}
 
 
@@ -342,6 +420,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if synthetic and cfg.qgen is None:
         raise ValueError("silver.queries names synthetic, which needs a qgen: section (the generated queries)")
     params = SilverParams(config=s, retriever_runs=runs, device=c.device, batch_size=c.batch_size,
+                          scoring=ScoringSettings.of(c),
                           shard_size=s.shard_size, bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b, runner=cfg.runner, **dense)
     inputs = ("cross_encoder", "ingest_questions", "chunk", "pairs:gold", runs, *synthetic, *extra)
     out.append(Stage("pairs:silver", "pairs", "1", tuple(dict.fromkeys(inputs)), params, build_silver_pairs,

@@ -1,0 +1,199 @@
+"""Inference runtimes on the CPU (models/onnx_runtime.py): encoding and cross-encoder scoring,
+ours through torch and ONNX Runtime (fp32, int8) vs sentence-transformers, same run, interleaved.
+
+    HF_HUB_OFFLINE=1 python benchmarks/runtime_encoding.py [--job encode|score|both] [--limit 24] \
+        [--pairs 24] [--batch-size 32] [--max-length 256] [--threads 2] [--repeat 5] [--out r.json]
+
+Encoding (all-MiniLM-L6-v2 as `BiEncoder(pooling='mean', normalize=True)`, which is what its
+sentence-transformers folder computes), passages = the first --limit SQuAD dev paragraphs of the
+embedded default's data ((title, text) pairs, as the encode stage feeds them):
+  st        `SentenceTransformer(folder).encode`, torch fp32 (the named peer)
+  torch     ours, torch fp32 (the reference of the agreement columns)
+  onnx      ours, ONNX Runtime fp32 (runtime: onnx)
+  onnx-int8 ours, ONNX Runtime, dynamic int8 weights (runtime: onnx, int8: true)
+  st-onnx   `SentenceTransformer(folder, backend="onnx")`, when it loads: it needs
+            `optimum[onnxruntime]`, which the project does not install (the row says so).
+Scoring (the cross-encoder: MiniLM with a seeded one-logit head, saved as the cross_encoder
+stage saves it), pairs = the first 4 questions, each with the first --pairs/4 paragraphs:
+  st        `CrossEncoder(folder).predict`, torch fp32 (the peer)
+  torch     ours, `CrossEncoderModel.score`, torch fp32
+  onnx      ours, ONNX Runtime fp32;  onnx-int8: ONNX Runtime int8
+Timing (benchmarks/timing.py): one untimed warm-up call each (the ONNX export and int8
+quantisation happen before it, cached as in the pipeline), then --repeat rounds, every system
+once per round, alternated; end to end (strings in, numpy out, tokenisation included).
+Reported: items/s median (min-max), ratio of medians vs `st` with its range; agreement with our
+torch fp32: mean / min cosine of vectors (encode), max / mean |p - p_fp32| (score).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import timing  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def squad(path: Path, limit: int):
+    """((title, text) pairs, questions) of the first `limit` paragraphs."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+    passages, questions = [], []
+    for article in data:
+        for para in article["paragraphs"]:
+            if len(passages) == limit:
+                return passages, questions
+            passages.append((article["title"].replace("_", " "), para["context"]))
+            questions += [qa["question"] for qa in para["qas"][:1]]
+    return passages, questions
+
+
+def st_onnx_peer(folder: str):
+    """sentence-transformers' own ONNX backend, or the reason it cannot run here."""
+    try:
+        import optimum  # noqa: F401
+    except ImportError:
+        return None, "needs optimum[onnxruntime] (not a project dependency): skipped"
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        return SentenceTransformer(folder, backend="onnx", device="cpu"), None
+    except Exception as exc:  # noqa: BLE001  (an optional peer: say why, keep the run)
+        return None, f"did not load: {exc}"
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def bench_encode(args) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    from models.checkpoints import resolve_checkpoint
+    from tasks.dense.models import encode_side, for_inference, load_bi_encoder
+
+    folder = resolve_checkpoint("minilm")
+    passages, _ = squad(Path(args.squad), args.limit)
+    model = load_bi_encoder({"base": "minilm", "shared": True, "pooling": "mean", "projection_dim": None,
+                             "normalize": True, "scale": 1.0})
+    torch_model = for_inference(model, "cpu")
+    onnx_fp32 = for_inference(model, "cpu", runtime="onnx")
+    onnx_int8 = for_inference(model, "cpu", int8=True, runtime="onnx")
+    st = SentenceTransformer(folder, device="cpu")
+    st.max_seq_length = args.max_length
+    st_onnx, st_onnx_note = st_onnx_peer(folder)
+
+    def ours(m):
+        return lambda items: encode_side(m, items, "passage", batch_size=args.batch_size,
+                                         passage_max_len=args.max_length, query_max_len=64)
+
+    def peer(m):
+        return lambda items: m.encode(items, batch_size=args.batch_size, convert_to_numpy=True,
+                                      show_progress_bar=False, normalize_embeddings=False)
+
+    systems = {"st": peer(st), "torch": ours(torch_model), "onnx": ours(onnx_fp32), "onnx-int8": ours(onnx_int8)}
+    if st_onnx is not None:
+        systems["st-onnx"] = peer(st_onnx)
+    for run in systems.values():
+        run(passages[:8])
+    seconds, last = timing.alternate({n: (lambda r, f=f: f(passages)) for n, f in systems.items()}, args.repeat)
+    summaries = {n: timing.summarize(timing.rates(len(passages), s)) for n, s in seconds.items()}
+    reference = np.asarray(last["torch"], dtype=np.float32)
+    agreement = {}
+    for name, vectors in last.items():
+        cos = cosines(np.asarray(vectors, dtype=np.float32), reference)
+        agreement[name] = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min())}
+    rows = [row + [f"{agreement[row[0]]['mean_cosine']:.6f}", f"{agreement[row[0]]['min_cosine']:.6f}"]
+            for row in timing.comparison_rows(summaries, "st")]
+    table = timing.markdown_table(["system", "passages/s", "vs st torch fp32", "mean cos vs fp32", "min cos"], rows)
+    return {"passages": len(passages), "table": table, "st_onnx": st_onnx_note or "ran",
+            "rates": {n: s.median for n, s in summaries.items()}, "agreement": agreement}
+
+
+def bench_score(args) -> dict:
+    from sentence_transformers import CrossEncoder
+
+    from models.cross_encoder import CrossEncoderModel
+    from models.onnx_runtime import OnnxCrossEncoder
+
+    passages, questions = squad(Path(args.squad), max(args.pairs, 4))  # one question per paragraph
+    pairs = [(q, text) for q in questions[:4] for _, text in passages[:-(-args.pairs // 4)]][:args.pairs]
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="runtime-bench-ce-") as tmp:  # both load it into memory
+        folder = CrossEncoderModel.from_base("minilm", max_length=args.max_length).save_pretrained(Path(tmp))
+        ours = CrossEncoderModel.from_pretrained(folder).eval()
+        st = CrossEncoder(str(folder), device="cpu", max_length=args.max_length)
+    onnx_fp32 = OnnxCrossEncoder.from_model(ours)
+    onnx_int8 = OnnxCrossEncoder.from_model(ours, int8=True)
+
+    def mine(m):
+        return lambda items: m.score(items, batch_size=args.batch_size)
+
+    systems = {"st": lambda items: np.asarray(st.predict(items, batch_size=args.batch_size, show_progress_bar=False)),
+               "torch": mine(ours), "onnx": mine(onnx_fp32), "onnx-int8": mine(onnx_int8)}
+    for run in systems.values():
+        run(pairs[:8])
+    seconds, last = timing.alternate({n: (lambda r, f=f: f(pairs)) for n, f in systems.items()}, args.repeat)
+    summaries = {n: timing.summarize(timing.rates(len(pairs), s)) for n, s in seconds.items()}
+    reference = np.asarray(last["torch"], dtype=np.float64)
+    agreement = {n: {"max_abs_p_diff": float(np.abs(np.asarray(p, np.float64) - reference).max()),
+                     "mean_abs_p_diff": float(np.abs(np.asarray(p, np.float64) - reference).mean())}
+                 for n, p in last.items()}
+    rows = [row + [f"{agreement[row[0]]['max_abs_p_diff']:.2e}", f"{agreement[row[0]]['mean_abs_p_diff']:.2e}"]
+            for row in timing.comparison_rows(summaries, "st")]
+    table = timing.markdown_table(["system", "pairs/s", "vs CrossEncoder.predict fp32", "max |dp| vs fp32",
+                                   "mean |dp|"], rows)
+    return {"pairs": len(pairs), "table": table, "rates": {n: s.median for n, s in summaries.items()},
+            "agreement": agreement, "st_onnx": "CrossEncoder(backend='onnx') needs optimum[onnxruntime]: skipped"}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", choices=["encode", "score", "both"], default="both")
+    ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
+    ap.add_argument("--limit", type=int, default=24, help="passages encoded per repeat")
+    ap.add_argument("--pairs", type=int, default=24, help="pairs scored per repeat")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    timing.add_repeat_argument(ap, what="rounds of every system")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    header = (f"CPU: {cpu_name()}, {torch.get_num_threads()} intra-op threads; batch {args.batch_size}, "
+              f"max length {args.max_length}\n{timing.protocol_line(args.repeat, ['st', 'torch', 'onnx', 'onnx-int8'])}")
+    print(header)
+    result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
+              "max_length": args.max_length, "repeat": args.repeat}
+    if args.job in ("encode", "both"):
+        result["encode"] = bench_encode(args)
+        print(f"\nEncoding, {result['encode']['passages']} SQuAD passages (sentence-transformers onnx backend: "
+              f"{result['encode']['st_onnx']})\n{result['encode']['table']}")
+    if args.job in ("score", "both"):
+        result["score"] = bench_score(args)
+        print(f"\nCross-encoder scoring, {result['score']['pairs']} pairs ({result['score']['st_onnx']})\n"
+              f"{result['score']['table']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

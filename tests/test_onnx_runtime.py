@@ -1,0 +1,159 @@
+"""ONNX Runtime inference (models/onnx_runtime.py): exports checked against torch, int8 close by
+cosine, the conversion cache, `auto` resolution and the hashed runtime of encode and scoring."""
+import numpy as np
+import pytest
+import torch
+
+from models import BiEncoder
+from models.cross_encoder import CrossEncoderModel
+from models.onnx_runtime import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, resolve_runtime)
+from tasks.dense.models import encode_side, for_inference
+
+pytestmark = pytest.mark.skipif(not onnx_available(), reason="onnx / onnxruntime not installed")
+
+QUERIES = ["what is the capital of france", "who", "where does the seine flow through paris the city"]
+PASSAGES = [("paris", "the capital of france is paris"), ("seine", "the seine is a river"),
+            ("", "the largest city"), ("title", "the river flows through the city of paris where the seine is")]
+# float32 rounding over a few layers, relative to the outputs' size
+TOLERANCE = 1000 * float(np.finfo(np.float32).eps)
+
+
+def _encode(model, texts, side):
+    return encode_side(model, texts, side, batch_size=2, passage_max_len=32, query_max_len=16)
+
+
+def _bi_encoder(checkpoint, **kw):
+    torch.manual_seed(1)  # the projection's init
+    return BiEncoder.from_pretrained(str(checkpoint), **kw).eval()
+
+
+@pytest.mark.parametrize("kw", [dict(shared=True, pooling="mean", normalize=True),
+                                dict(shared=False, pooling="cls", projection_dim=16, normalize=False)],
+                         ids=["shared-mean", "two-towers-cls-projection"])
+def test_onnx_towers_match_torch_and_int8_stays_close(checkpoint, kw):
+    model = _bi_encoder(checkpoint, **kw)
+    if not kw["shared"]:  # two towers that differ: a mixed-up graph would show
+        with torch.no_grad():
+            for p in model.passage_encoder.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    onnx = for_inference(model, "cpu", runtime="onnx")
+    assert isinstance(onnx, OnnxBiEncoder)
+    assert (onnx.paths["query"] == onnx.paths["passage"]) == kw["shared"]
+    int8 = for_inference(model, "cpu", int8=True, runtime="onnx")
+    for texts, side in ((QUERIES, "query"), (PASSAGES, "passage")):
+        want = _encode(model, texts, side)
+        got = _encode(onnx, texts, side)
+        assert got.shape == want.shape == (len(texts), 16 if "projection_dim" in kw else 32)
+        assert np.abs(got - want).max() <= TOLERANCE * max(1.0, np.abs(want).max())
+        low = _encode(int8, texts, side)
+        cos = (low * want).sum(1) / (np.linalg.norm(low, axis=1) * np.linalg.norm(want, axis=1))
+        assert cos.min() > 0.99, cos
+    if not kw["shared"]:  # each side ran its own tower
+        assert np.abs(_encode(onnx, PASSAGES, "query") - _encode(onnx, PASSAGES, "passage")).max() > 1e-3
+
+
+def test_cross_encoder_logits_match_torch_and_int8_probabilities_stay_close(checkpoint):
+    torch.manual_seed(2)
+    model = CrossEncoderModel.from_base(str(checkpoint), max_length=32).eval()
+    pairs = [(q, p[1]) for q in QUERIES for p in PASSAGES]
+    want = model.logits(pairs, batch_size=4)
+    onnx = OnnxCrossEncoder.from_model(model)
+    got = onnx.logits(pairs, batch_size=4)
+    assert got.shape == want.shape == (len(pairs),)
+    assert np.abs(got - want).max() <= TOLERANCE * max(1.0, np.abs(want).max())
+    assert np.abs(OnnxCrossEncoder.from_model(model, int8=True).score(pairs) - model.score(pairs)).max() < 0.02
+    with pytest.raises(ValueError, match="CPU"):
+        onnx.logits(pairs, device="cuda")
+
+
+def test_conversions_are_cached_per_weights(checkpoint, monkeypatch):
+    import models.onnx_runtime as ort_module
+
+    calls = []
+    real = ort_module.export_checked
+    monkeypatch.setattr(ort_module, "export_checked", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    model = _bi_encoder(checkpoint, pooling="mean", projection_dim=8)
+    first = OnnxBiEncoder.from_model(model)
+    again = OnnxBiEncoder.from_model(_bi_encoder(checkpoint, pooling="mean", projection_dim=8))  # same weights
+    assert len(calls) == 1 and again.paths == first.paths
+    OnnxBiEncoder.from_model(model, int8=True)  # quantised from the cached fp32 export: no new export
+    assert len(calls) == 1
+    with torch.no_grad():
+        model.query_projection.bias.add_(1.0)
+    changed = OnnxBiEncoder.from_model(model)
+    assert len(calls) == 2 and changed.paths["query"] != first.paths["query"]
+
+
+def test_an_export_that_only_holds_at_the_traced_shape_is_refused(tmp_path):
+    class ShapeBaked(torch.nn.Module):  # python control flow on the length: traced as a constant
+        def forward(self, input_ids, attention_mask):
+            scale = 2.0 if input_ids.shape[1] > 12 else 1.0
+            return (input_ids.float() * scale * attention_mask).sum(1, keepdim=True)
+
+    with pytest.raises(AssertionError, match="differs from torch"):
+        export_checked(ShapeBaked(), ("input_ids", "attention_mask"), "out", 50, tmp_path / "m.onnx")
+
+
+def test_auto_resolves_per_device_and_precision(monkeypatch):
+    import models.onnx_runtime as ort_module
+
+    assert resolve_runtime("auto", "cpu") == "torch"  # ORT at parity on the CPUs measured: no export to pay for
+    assert resolve_runtime("onnx", "cpu") == "onnx"
+    assert resolve_runtime("auto", "cuda") == "torch"
+    assert resolve_runtime("auto", "cpu", bf16=True) == "torch"
+    assert resolve_runtime("torch", "cpu") == "torch"
+    with pytest.raises(ValueError, match="CPU"):
+        resolve_runtime("onnx", "cuda")
+    with pytest.raises(ValueError, match="bf16"):
+        resolve_runtime("onnx", "cpu", bf16=True)
+    monkeypatch.setattr(ort_module, "onnx_available", lambda: False)
+    with pytest.raises(ValueError, match="onnxruntime"):
+        resolve_runtime("onnx", "cpu")
+
+
+def test_the_resolved_runtime_is_hashed_where_it_changes_outputs():
+    from tasks.dense.stages import EncodeConfig, EncodeParams, EncodeSettings, Origin
+    from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams, ScoringSettings
+
+    def encode_hash(**kw):
+        settings = EncodeSettings.of(EncodeConfig(**kw))
+        return settings, EncodeParams(system="s", origin=Origin(model={}), settings=settings, device="cpu",
+                                      shard_size=10).hashed()
+
+    auto, auto_hash = encode_hash(device="cpu")
+    assert auto.runtime == "torch" and auto_hash["settings"]["runtime"] == "torch"
+    assert encode_hash(device="cpu", runtime="torch")[1] == auto_hash
+    onnx, onnx_hash = encode_hash(device="cpu", runtime="onnx")
+    assert onnx_hash != auto_hash
+    assert encode_hash(device="cpu", int8=True)[1] != auto_hash
+    assert EncodeSettings.of(EncodeConfig(device="cpu", bf16=True)).runtime == "torch"
+    assert onnx.device("cuda") == "cpu"  # a worker with a GPU still computes an onnx version on the CPU
+    assert EncodeSettings.of(EncodeConfig(device="cpu", runtime="torch")).device("cpu") == "cpu"
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu")) == ScoringSettings(runtime="torch")
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", runtime="onnx")) == ScoringSettings(runtime="onnx")
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", runtime="torch", int8=True)).precision == "int8"
+    with pytest.raises(ValueError, match="int8"):
+        ScoringSettings.of(CrossEncoderConfig(device="cuda", int8=True))
+    # the classifier trains and reports with torch: how later stages score leaves its version alone
+    trained = [CrossEncoderParams(config=CrossEncoderConfig(runtime=r, int8=i), match_type="string", device="cpu",
+                                  batch_size=8).hashed() for r, i in (("torch", False), ("onnx", True))]
+    assert trained[0] == trained[1]
+
+
+def test_scorer_paths_and_their_agreement_with_torch(checkpoint, tmp_path):
+    from tasks.silver.stages import ScoringSettings, cross_encoder_on, scoring_agreement
+
+    torch.manual_seed(3)
+    folder = CrossEncoderModel.from_base(str(checkpoint), max_length=32).save_pretrained(tmp_path / "ce")
+    pairs = [(q, p[1]) for q in QUERIES for p in PASSAGES]
+    reference = cross_encoder_on(str(folder), "cpu").score(pairs)
+    for scoring in (ScoringSettings(runtime="onnx"), ScoringSettings(runtime="onnx", int8=True),
+                    ScoringSettings(runtime="torch", int8=True)):
+        p = cross_encoder_on(str(folder), "cpu", scoring).score(pairs)
+        report = scoring_agreement(str(folder), scoring, pairs, p)["reference"]
+        assert report["pairs"] == len(pairs) and report["max_abs_p_diff"] == pytest.approx(np.abs(p - reference).max(),
+                                                                                            abs=1e-6)
+        assert report["max_abs_p_diff"] < (1e-5 if not scoring.int8 else 0.02)
+    assert scoring_agreement(str(folder), ScoringSettings(), pairs, reference) == {}
+    with pytest.raises(ValueError, match="CPU"):
+        cross_encoder_on(str(folder), "cuda", ScoringSettings(runtime="onnx"))
