@@ -17,7 +17,10 @@ from tasks.runners import RunnerConfig, run_shards
 from tasks.threads import ENV as THREADS_ENV
 from tasks.threads import resolve_threads
 
-pytestmark = pytest.mark.usefixtures("flush_denormals")
+# No flush_denormals here: torch.set_flush_denormal sets the calling thread's MXCSR only, so the
+# local runner (shards in this thread) would flush subnormals that the threads runner's pool
+# threads and Dask's workers keep, and the byte comparisons would depend on which thread got which
+# chunk of an op (a rare failure of the threads comparison, seen once in CI).
 
 WORDS = "the capital of france is paris a river flows through the city where old bridges cross it".split()
 

@@ -14,7 +14,9 @@ CONFIGS = sorted(p for p in (PROJECT_ROOT / "configs").glob("*.yaml") if p.stem 
 # What may stay out of a version: where and how fast a stage computes, never what it computes.
 RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_root", "dpr_passages", "tsv_paths",
                    "origin.init_path", "dense_origin.init_path", "config.device",
-                   "config.shard_size", "runner", "questions_per_shard", "judge_shard_size"}
+                   "config.shard_size", "runner", "questions_per_shard", "judge_shard_size",
+                   # the classifier trains and reports with torch: how later stages score is theirs to hash
+                   "config.runtime", "config.int8"}
 
 
 def _config(**changes) -> PipelineConfig:
