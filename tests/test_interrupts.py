@@ -48,8 +48,11 @@ print("parent goes on", worker.exitcode, flush=True)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_a_process_stuck_in_c_code_with_its_children_and_one_line(tmp_path, signum):
     marker = tmp_path / "cleanup"
+    # SIGHUP back to its default in the child: a suite started under nohup passes SIG_IGN down, and
+    # an ignored SIGHUP rightly stays ignored (the STUCK script's own nohup case tests that)
     process = subprocess.Popen([sys.executable, "-c", STUCK, str(marker)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         child = int(process.stdout.readline())
         time.sleep(0.2)
