@@ -8,7 +8,6 @@ pretrain:NAME`), a folder (`init_from: path`), or the base checkpoint.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +24,6 @@ from tasks.engine import Pinned, Stage, StageParams
 #: The table of a search stage's artifact holding its question vectors (qid, vector).
 QUERY_VECTORS = "query_vectors"
 from tasks.errors import InputError
-from tasks.file_identity import file_sha256
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
 
 logger = logging.getLogger("passage_forge")
@@ -130,10 +128,9 @@ class Origin(BaseModel):
 
 
 def folder_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{f.relative_to(path)}\0{file_sha256(f)}\n".encode())
-    return digest.hexdigest()
+    from models.runtime_cache import folder_digest
+
+    return folder_digest(path)  # the same digest keys runtime conversions
 
 
 def origin_of(system, cfg_dir: Path | None = None, trained: bool = True) -> tuple[Origin, tuple[str, ...], dict[str, Pinned]]:
