@@ -150,8 +150,9 @@ class CT2QueryGenerator:
         # A fresh Generator per call: CTranslate2 seeds a thread's sampler once, when that thread
         # first samples (set_random_seed does not reseed a running worker), so only new worker
         # threads make a seed give the same questions on every call.
-        return self._ct2.Generator(self.model_dir, device=self.device, compute_type=self.compute_type,
-                                   intra_threads=self.threads, inter_threads=1)
+        with kept_torch_threads():
+            return self._ct2.Generator(self.model_dir, device=self.device, compute_type=self.compute_type,
+                                       intra_threads=self.threads, inter_threads=1)
 
     @property
     def tokenizer(self):
@@ -170,7 +171,8 @@ class CT2QueryGenerator:
         generator = self._load()
         done = 0
         for chunk in length_batches([len(x) for x in ids], batch_size):
-            sampled = self.sample_ids(generator, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens)
+            with kept_torch_threads():
+                sampled = self.sample_ids(generator, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens)
             for i, samples in zip(chunk, sampled):
                 texts = tok.batch_decode([s for s, _ in samples], skip_special_tokens=True)
                 results[i] = QueryGenerator._distinct([(t.strip(), lp) for t, (_, lp) in zip(texts, samples)], n)
@@ -190,6 +192,16 @@ class CT2QueryGenerator:
             include_prompt_in_result=False, end_token=[tok.eos_token_id], return_end_token=True,
             return_scores=True, length_penalty=1.0)  # scores: summed log-probs / token count
         return [[(list(ids), float(score)) for ids, score in zip(r.sequences_ids, r.scores)] for r in out]
+
+
+def kept_torch_threads():
+    """CTranslate2 sets OpenMP's thread count in the thread that calls it: torch's count there
+    (every later encode's, tasks/threads.py) is restored afterwards."""
+    import torch
+
+    from tasks.threads import pinned_threads
+
+    return pinned_threads(torch.get_num_threads())
 
 
 def load_ct2_generator(base: QueryGenerator, source: str, compute_type: str, device: str = "cpu",

@@ -40,17 +40,17 @@ def resolve_threads(configured: int | None = None) -> int:
 def pinned_threads(threads: int) -> Iterator[int]:
     """torch computes with `threads` intra-op threads inside the block, in the calling thread
     (torch's count is per OS thread: each pool thread or worker sets its own), and with its
-    previous count afterwards."""
+    previous count afterwards. Set even when torch reports that count already: a library that
+    sets OpenMP's count alone (CTranslate2) leaves torch's other pools (MKL) at the old one, and
+    torch.set_num_threads sets them all."""
     import torch
 
     before = torch.get_num_threads()
-    if before != threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     try:
         yield threads
     finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import pytest
 
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT
+from tests.signals import default_signals
 
 pytestmark = pytest.mark.usefixtures("shared_data")
 PFORGE = Path(sys.executable).with_name("pforge")
@@ -34,7 +35,8 @@ def _env(tmp: Path, **changes) -> dict[str, str]:
 def _start(root: Path, log: Path, env: dict) -> subprocess.Popen:
     # A session of its own, as a terminal's job: its processes are found (and stopped) by session.
     return subprocess.Popen([str(PFORGE), "run", str(TINY), "--root", str(root)], cwd=PROJECT_ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=default_signals)
 
 
 def _in_session(sid: int) -> list[str]:

@@ -166,3 +166,16 @@ def test_length_batches_keep_prompt_lengths_close():
     assert batches == [[6], [4, 1], [7, 3], [2, 5], [0]]
     assert sorted(i for b in length_batches(lengths, 16) for i in b) == list(range(len(lengths)))
     assert length_batches(lengths, 16, spread=100) == [sorted(range(8), key=lambda i: -lengths[i])]
+
+
+def test_generation_leaves_torchs_thread_count_alone(llama):
+    """CTranslate2 sets the OpenMP thread count of the thread that calls it: torch's count (and
+    so every later encode in this thread, tasks/threads.py) is as it was after generating."""
+    gen = load_ct2_generator(load_generator(str(llama)), str(llama), "float32", threads=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen.generate(PASSAGES, seed=3, n=N, max_new_tokens=4, batch_size=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tasks.config import PROJECT_ROOT
+from tests.signals import default_signals
 
 STUCK = r'''
 import ctypes, signal, subprocess, sys
@@ -48,11 +49,10 @@ print("parent goes on", worker.exitcode, flush=True)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_a_process_stuck_in_c_code_with_its_children_and_one_line(tmp_path, signum):
     marker = tmp_path / "cleanup"
-    # SIGHUP back to its default in the child: a suite started under nohup passes SIG_IGN down, and
-    # an ignored SIGHUP rightly stays ignored (the STUCK script's own nohup case tests that)
+    # the STUCK script's own nohup case tests that an ignored SIGHUP stays ignored
     process = subprocess.Popen([sys.executable, "-c", STUCK, str(marker)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                               preexec_fn=default_signals)
     try:
         child = int(process.stdout.readline())
         time.sleep(0.2)
@@ -82,6 +82,7 @@ def test_a_forked_workers_own_sigterm_does_not_end_the_parent():
 def test_an_ignored_signal_stays_ignored(tmp_path):
     """Under nohup, SIGHUP is ignored: the run must outlive the terminal, then stop on SIGTERM."""
     process = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp_path / "cleanup"), "nohup"], cwd=PROJECT_ROOT,
+                               preexec_fn=default_signals,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         process.stdout.readline()
