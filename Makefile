@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/pforge run configs/squad-open.yaml
+	$(BIN)/pforge run configs/demo.yaml
 
 # What the tests need beyond the venv: Debian's docker-compose validates docker-compose.yml
 # (tests/test_docker_compose.py). Installed with apt when absent and we are root (CI is);

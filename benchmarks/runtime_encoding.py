@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -38,17 +36,10 @@ import numpy as np
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from timing import cpu_name  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def squad(path: Path, limit: int):

@@ -23,7 +23,9 @@ of rates reads "times faster", a ratio of seconds "times slower"; the scripts sa
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -156,3 +158,12 @@ def protocol_line(repeat: int, names: Sequence[str]) -> str:
     return (f"{repeat} repeats, systems alternated ({first} | {second} | ...); median (min-max) over "
             "the repeats; ratio of medians (range min(a)/max(b)..max(a)/min(b)); "
             "parity = the ranges overlap")
+
+
+def cpu_name() -> str:
+    """lscpu's model name: every timing names the CPU it ran on."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown CPU"

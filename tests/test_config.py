@@ -7,7 +7,7 @@ from tasks.config import ConfigError, load_config
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["squad-open", "tiny", "nfcorpus", "nfcorpus-dense", "bm25", "zero-shot", "dpr",
+@pytest.mark.parametrize("name", ["squad-open", "demo", "tiny", "nfcorpus", "nfcorpus-dense", "bm25", "zero-shot", "dpr",
                                   "bidirectional", "paper-scale", "nfcorpus-transfer"])
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIGS / f"{name}.yaml")
@@ -96,6 +96,23 @@ def test_meaningless_values_are_refused_at_load(tmp_path, text, field):
     path.write_text(text)
     with pytest.raises(ConfigError, match=rf"c\.yaml.*{field}"):
         load_config(path)
+
+
+def test_the_demo_runs_every_stage_of_the_embedded_default_on_less_work():
+    """`make demo` (configs/demo.yaml) is squad-open.yaml's chain, every stage, at a smaller size."""
+    from flows.registry import plan_for
+
+    default, demo = load_config(CONFIGS / "squad-open.yaml"), load_config(CONFIGS / "demo.yaml")
+    assert set(plan_for(demo).stages) == set(plan_for(default).stages)
+    assert demo.data.squad.max_articles < 48 and demo.data.wikipedia_max_pages is not None
+    assert demo.qgen.generate.max_passages < default.qgen.generate.max_passages
+    assert demo.qgen.finetune.max_pairs < default.qgen.finetune.max_pairs
+    for small, full in zip(demo.dense.systems, default.dense.systems, strict=True):
+        assert small.model_dump(exclude={"train"}) == full.model_dump(exclude={"train"})
+        if full.train is not None:
+            assert small.train.max_steps < full.train.max_steps
+            assert small.train.model_dump(exclude={"max_steps"}) == full.train.model_dump(exclude={"max_steps"})
+    assert "configs/demo.yaml" in (CONFIGS.parent / "Makefile").read_text()
 
 
 def test_whole_documents_have_one_spelling():

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +48,9 @@ class EncodeConfig(_Strict):
     passage_max_len: int = Field(256, ge=8)
     query_max_len: int = Field(64, ge=4)
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
-    bf16: bool = Field(False, description="bf16 autocast while encoding (CUDA, or CPUs with bf16 units)")
+    bf16: Union[bool, Literal["auto"]] = Field(
+        "auto", description="bf16 autocast while encoding; auto: on for CUDA with bf16 and for CPUs with AMX "
+        "(models/cpu_features.py: 3.33x fp32 there, slower than fp32 without AMX), off with int8 or onnx")
     int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
     runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto", description="torch (the reference) or onnx (ONNX Runtime, CPU); auto: torch (ONNX Runtime measured at parity on the CPUs here: benchmarks/runtime_encoding.py)")
@@ -79,8 +81,14 @@ class EncodeSettings(BaseModel):
     def of(cls, encode: EncodeConfig) -> "EncodeSettings":
         from models.onnx_runtime import resolve_runtime
 
-        values = encode.model_dump(include=set(cls.model_fields) - {"runtime"})
-        return cls(**values, runtime=resolve_runtime(encode.runtime, encode.device, encode.bf16))
+        values = encode.model_dump(include=set(cls.model_fields) - {"runtime", "bf16"})
+        bf16 = encode.bf16
+        if bf16 == "auto":  # resolved at planning, like the runtime: a version hashes what it ran
+            from models.cpu_features import auto_bf16
+
+            bf16 = (not encode.int8 and encode.runtime in ("auto", "torch")
+                    and auto_bf16(resolve_device(encode.device)))
+        return cls(**values, bf16=bf16, runtime=resolve_runtime(encode.runtime, encode.device, bf16))
 
     @property
     def precision(self) -> str:
