@@ -13,6 +13,10 @@ embedded default's data ((title, text) pairs, as the encode stage feeds them):
   onnx-int8 ours, ONNX Runtime, dynamic int8 weights (runtime: onnx, int8: true)
   st-onnx   `SentenceTransformer(folder, backend="onnx")`, when it loads: it needs
             `optimum[onnxruntime]`, which the project does not install (the row says so).
+  openvino  our ONNX export compiled by OpenVINO for the CPU (same threads, latency hint), when
+            `openvino` imports; openvino-int8: that graph quantised by NNCF (static int8,
+            transformer preset, calibrated on the 64 paragraphs after the timed ones), when `nncf`
+            imports. Neither is a project dependency: they show what the next runtime would give.
 Scoring (the cross-encoder: MiniLM with a seeded one-logit head, saved as the cross_encoder
 stage saves it), pairs = the first 4 questions, each with the first --pairs/4 paragraphs:
   st        `CrossEncoder(folder).predict`, torch fp32 (the peer)
@@ -69,6 +73,52 @@ def st_onnx_peer(folder: str):
         return None, f"did not load: {exc}"
 
 
+class _CompiledTower:
+    """An OpenVINO compiled tower in the shape tasks/dense/encode.py drives (torch in and out)."""
+
+    def __init__(self, compiled, input_names, tokenizer):
+        self.request, self.input_names, self.tokenizer = compiled.create_infer_request(), input_names, tokenizer
+
+    def _run(self, batch):
+        feeds = {k: batch[k].numpy().astype(np.int64) for k in self.input_names if k in batch}
+        return torch.from_numpy(np.array(self.request.infer(feeds)[0]))
+
+    encode_query = encode_passage = _run
+
+    def eval(self):
+        return self
+
+    def to(self, device):
+        return self
+
+
+def openvino_encoders(onnx_encoder, calibration, max_length: int) -> dict:
+    """{'openvino': fp32[, 'openvino-int8': NNCF static int8]} of the ONNX export, where they import."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return {}
+    core, path = ov.Core(), onnx_encoder.paths["passage"]
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
+    graph = core.read_model(str(path))
+    names, tok = onnx_encoder.input_names, onnx_encoder.tokenizer
+    out = {"openvino": _CompiledTower(core.compile_model(graph, "CPU", config), names, tok)}
+    try:
+        import nncf
+    except ImportError:
+        return out
+    batches = []
+    for start in range(0, len(calibration), 8):
+        chunk = calibration[start:start + 8]
+        enc = tok([t for t, _ in chunk], [x for _, x in chunk], truncation="only_second", max_length=max_length,
+                  padding=True, return_tensors="np")
+        batches.append({k: enc[k].astype(np.int64) for k in names if k in enc})
+    quantised = nncf.quantize(graph, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=len(batches))
+    out["openvino-int8"] = _CompiledTower(core.compile_model(quantised, "CPU", config), names, tok)
+    return out
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
@@ -101,6 +151,9 @@ def bench_encode(args) -> dict:
     systems = {"st": peer(st), "torch": ours(torch_model), "onnx": ours(onnx_fp32), "onnx-int8": ours(onnx_int8)}
     if st_onnx is not None:
         systems["st-onnx"] = peer(st_onnx)
+    calibration, _ = squad(Path(args.squad), args.limit + 64)
+    for name, encoder in openvino_encoders(onnx_fp32, calibration[args.limit:], args.max_length).items():
+        systems[name] = ours(encoder)
     for run in systems.values():
         run(passages[:8])
     seconds, last = timing.alternate({n: (lambda r, f=f: f(passages)) for n, f in systems.items()}, args.repeat)
@@ -169,7 +222,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     header = (f"CPU: {cpu_name()}, {torch.get_num_threads()} intra-op threads; batch {args.batch_size}, "
-              f"max length {args.max_length}\n{timing.protocol_line(args.repeat, ['st', 'torch', 'onnx', 'onnx-int8'])}")
+              f"max length {args.max_length}\n{timing.protocol_line(args.repeat, ['st', 'torch', 'onnx', 'onnx-int8', '(openvino, openvino-int8 where they import)'])}")
     print(header)
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
               "max_length": args.max_length, "repeat": args.repeat}
