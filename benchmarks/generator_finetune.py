@@ -116,8 +116,8 @@ def main(argv=None) -> dict:
         return lambda batch: model(**batch).loss
 
     torch.manual_seed(0)
-    add("model-loss", copy.deepcopy(base.model), None)
-    systems["model-loss"]["loss"] = model_loss(systems["model-loss"]["model"])
+    peer = copy.deepcopy(base.model)
+    add("model-loss", peer, model_loss(peer))
     mine = copy.deepcopy(base.model)
     add("ours", mine, ours_loss(mine))
     top = copy.deepcopy(base.model)

@@ -171,8 +171,7 @@ class CT2QueryGenerator:
         generator = self._load()
         done = 0
         for chunk in length_batches([len(x) for x in ids], batch_size):
-            with kept_torch_threads():
-                sampled = self.sample_ids(generator, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens)
+            sampled = self.sample_ids(generator, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens)
             for i, samples in zip(chunk, sampled):
                 texts = tok.batch_decode([s for s, _ in samples], skip_special_tokens=True)
                 results[i] = QueryGenerator._distinct([(t.strip(), lp) for t, (_, lp) in zip(texts, samples)], n)
@@ -186,11 +185,12 @@ class CT2QueryGenerator:
         """n samples per prompt: (new token ids, EOS included when reached; mean token log-prob).
         `generator` is a `ctranslate2.Generator` (`_load`); prompts travel as token strings."""
         tok = self.tokenizer
-        out = generator.generate_batch(
-            [tok.convert_ids_to_tokens(p) for p in prompts], num_hypotheses=n, beam_size=1,
-            sampling_topk=top_k, sampling_topp=top_p, sampling_temperature=1.0, max_length=max_new_tokens,
-            include_prompt_in_result=False, end_token=[tok.eos_token_id], return_end_token=True,
-            return_scores=True, length_penalty=1.0)  # scores: summed log-probs / token count
+        with kept_torch_threads():
+            out = generator.generate_batch(
+                [tok.convert_ids_to_tokens(p) for p in prompts], num_hypotheses=n, beam_size=1,
+                sampling_topk=top_k, sampling_topp=top_p, sampling_temperature=1.0, max_length=max_new_tokens,
+                include_prompt_in_result=False, end_token=[tok.eos_token_id], return_end_token=True,
+                return_scores=True, length_penalty=1.0)  # scores: summed log-probs / token count
         return [[(list(ids), float(score)) for ids, score in zip(r.sequences_ids, r.scores)] for r in out]
 
 
