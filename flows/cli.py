@@ -54,10 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     refresh.add_argument("config", type=Path)
     refresh.add_argument("--dump", help="the newer dump: a path, a glob (the newest match) or a URL with an optional "
                                         "{date} (default: the config's refresh.dump, else its own dump read again)")
+    compare = sub.add_parser("compare", help="A's top-k accuracy minus B's with its paired bootstrap 95% interval, "
+                                             "from the newest evaluation that scored both")
+    compare.add_argument("system_a")
+    compare.add_argument("system_b")
+    compare.add_argument("--split", default="test", help="the questions resampled (default test)")
+    compare.add_argument("-k", type=int, nargs="+", default=[1, 20], help="cut-offs (default 1 20)")
+    compare.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples (default 10,000)")
+    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--evaluation", metavar="VERSION", help="this evaluation artifact (default: the newest with both)")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
-    for command in (run, arts, sql, search, promote, gc, refresh, serve):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -168,6 +177,20 @@ def _sql(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from flows.compare import compare
+    from storage import ArtifactStore, resolve_root
+    from tasks.evaluation.bootstrap import comparisons_markdown
+
+    store = ArtifactStore(resolve_root(args.root), create=False)
+    artifact, rows = compare(store, args.system_a, args.system_b, args.split, args.k, args.samples, args.seed,
+                             args.evaluation)
+    print(f"evaluation {artifact.version} ({rows[0]['questions']:,} {args.split} questions, {args.samples:,} paired "
+          "bootstrap resamples)")
+    print(comparisons_markdown(rows))
+    return 0
+
+
 def _search(args) -> int:
     from flows.search import search
 
@@ -253,7 +276,7 @@ def _serve(args) -> int:
 
 
 COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
-            "refresh": _refresh, "serve": _serve}
+            "refresh": _refresh, "serve": _serve, "compare": _compare}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -190,6 +190,12 @@ class PipelineConfig(_Strict):
         if taken:
             raise ValueError(f"rerank systems {sorted(set(taken))}: each rerank needs a name of its own (name:), "
                              f"not one of {systems} nor another rerank's")
+        systems += names
+        for pair in self.evaluation.compare:
+            unknown = [name for name in pair if name not in systems]
+            if unknown:
+                raise ValueError(f"evaluation.compare {list(pair)}: {unknown} name no system of this config; systems: "
+                                 f"{systems}")
         if self.silver.retriever not in ["bm25", *evaluated]:
             raise ValueError(f"silver.retriever {self.silver.retriever!r} is neither bm25 nor an evaluated dense system "
                              f"of this config: {evaluated}")

@@ -73,6 +73,24 @@ QUESTION_RESULTS = pa.schema([
     ("first_hit_rank", pa.int32()),
 ])
 
+# One row per (pair of systems, k): the paired bootstrap interval of A's top-k accuracy minus B's.
+COMPARISONS = pa.schema([
+    ("system_a", pa.string()),
+    ("system_b", pa.string()),
+    ("split", pa.string()),
+    ("metric", pa.string()),
+    ("k", pa.int32()),
+    ("questions", pa.int32()),
+    ("a", pa.float64()),
+    ("b", pa.float64()),
+    ("difference", pa.float64()),
+    ("low", pa.float64()),
+    ("high", pa.float64()),
+    ("p_not_better", pa.float64()),
+    ("samples", pa.int32()),
+    ("level", pa.float64()),
+])
+
 # Training pairs: a query (a question, or a synthetic one) and a positive passage. source: gold,
 # synthetic, silver; weight: the loss weight (silver pairs: p^2, paper 001 section 4.2).
 PAIRS = pa.schema([

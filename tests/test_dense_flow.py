@@ -21,7 +21,8 @@ def _metric(store, system, metric, k, split="all"):
     return rows[0]
 
 
-def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_harness, shared_data, tmp_path, tiny_checkpoint):
+def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_harness, shared_data, tmp_path, tiny_checkpoint,
+                                                                     capsys):
     cfg = load_config(PROJECT_ROOT / "configs" / "tiny.yaml")
     model = {"base": str(tiny_checkpoint), "shared": True, "pooling": "mean", "normalize": True, "scale": 20.0}
     dense = DenseConfig(
@@ -49,7 +50,10 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
               FusionConfig(name="lin3", runs=["trained", "bm25", "random"], tune_k=5, rounds=2)]
     negatives = NegativesConfig(dense={"coarse": {"system": "trained", "depth": 20}}, random={"depth": 20},
                                 mixed=["coarse", "bm25", "context", "random"])
-    cfg = cfg.model_copy(update={"dense": dense, "fusion": fusion, "negatives": negatives})
+    # Paired bootstrap of trained vs random on the questions it trained on, in the report and a view.
+    evaluation = cfg.evaluation.model_copy(update={"compare": [("trained", "random")], "compare_split": "train",
+                                                   "compare_ks": [5, 20], "bootstrap_samples": 2000})
+    cfg = cfg.model_copy(update={"dense": dense, "fusion": fusion, "negatives": negatives, "evaluation": evaluation})
     versions = pipeline(config=cfg, root=str(tmp_path))
     assert {"train:trained", "encode:random", "index:trained", "search:trained", "hybrid", "pairs:gold",
             "negatives:bm25", "fusion:rrf3", "fusion:lin3"} <= set(versions)
@@ -61,6 +65,21 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     # quality is the benchmarks' job, with MiniLM.
     for k in (5, 10, 20):
         assert _metric(store, "trained", "top_k_accuracy", k, "train") > 1.5 * _metric(store, "random", "top_k_accuracy", k, "train")
+    compared = store.sql("SELECT * FROM comparisons ORDER BY k").to_pylist()
+    assert [(r["system_a"], r["system_b"], r["k"]) for r in compared] == [("trained", "random", 5), ("trained", "random", 20)]
+    for r in compared:  # the measured gap is clear: the whole interval above 0
+        assert r["difference"] == pytest.approx(_metric(store, "trained", "top_k_accuracy", r["k"], "train")
+                                                - _metric(store, "random", "top_k_accuracy", r["k"], "train"))
+        assert 0 < r["low"] < r["difference"] < r["high"]
+    assert "## Paired comparisons" in (store.get("evaluation", versions["evaluate"]).path / "report.md").read_text()
+    from flows.cli import main
+
+    assert main(["--root", str(tmp_path), "compare", "trained", "random", "--split", "train", "-k", "5",
+                 "--samples", "2000"]) == 0
+    printed = capsys.readouterr().out
+    assert f"evaluation {versions['evaluate']}" in printed and "| trained | random | train | top-5 |" in printed
+    assert main(["--root", str(tmp_path), "compare", "trained", "nobody"]) == 2
+    assert "no evaluation" in capsys.readouterr().err
 
     # The two-tower and bidirectional recipes trained (2 steps) and were evaluated at every k and split.
     for name in ("two-tower", "bidi"):

@@ -16,7 +16,10 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    "origin.init_path", "dense_origin.init_path", "config.device",
                    "config.shard_size", "runner", "questions_per_shard", "judge_shard_size",
                    # the classifier trains and reports with torch: how later stages score is theirs to hash
-                   "config.runtime", "config.int8"}
+                   "config.runtime", "config.int8",
+                   # checkpointing decides what a killed trainer resumes from, not what it trains
+                   "train.checkpoint_every", "train.keep_checkpoints", "config.train.checkpoint_every",
+                   "config.train.keep_checkpoints"}
 
 
 def _config(**changes) -> PipelineConfig:
@@ -67,6 +70,9 @@ CASES = [
     ("evaluate", {"evaluation.ks": [1, 5]}, {"bm25.k1": 1.2}),
     ("cross_encoder", {"cross_encoder.train.lr": 1e-4}, {"silver.top_k": 5}),
     ("cross_encoder", {"cross_encoder.dev_share": 0.2}, {"cross_encoder.device": "cpu"}),
+    ("cross_encoder", {"cross_encoder.select_by": "log_loss"}, {"cross_encoder.train.checkpoint_every": 7}),
+    ("train:tr", {"dense.systems.1.train.passage_max_len": 100}, {"dense.systems.1.train.checkpoint_every": 3}),
+    ("evaluate", {"evaluation.compare": [["tr", "zs"]]}, {"dense.systems.1.train.keep_checkpoints": 4}),
     ("pairs:silver", {"silver.threshold": 0.6}, {"cross_encoder.train.lr": 1e-4}),
     ("pairs:silver", {"silver.retriever": "zs"}, {"silver.shard_size": 10}),
     ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"rerank.0.shard_questions": 10}),

@@ -143,3 +143,27 @@ def test_mixed_expands_to_its_members_and_its_pool_draws_from_every_strategy():
 
 class _StubTokenizer:
     """Only draw_negatives is called: no tokenisation happens."""
+
+
+def test_pairs_no_miner_ran_on_reach_training_with_random_negatives_of_other_documents():
+    """A silver pair of a synthetic query has no BM25 negatives (BM25 mines the questions): with
+    hard negatives on, it trains on random passages of other documents rather than being dropped."""
+    runs = pa.table({"qid": ["q1", "q1"], "pid": ["a#1", "a#2"], "rank": [1, 2], "score": [2.0, 1.0],
+                     "system": ["bm25"] * 2}, schema=RUNS)
+    bm25 = answer_free_negatives(runs, pa.table({"qid": ["q1"], "answers": [["zero"]]}),
+                                 dict(zip(PASSAGES["pid"].to_pylist(), PASSAGES["text"].to_pylist())),
+                                 pa.table({"qid": ["q1"], "pid": ["a#0"]}), "bm25", depth=10)
+    pairs = _pairs([("q1", "what is zero", "a#0"), ("syn:b#0:0", "what flows through paris", "b#0"),
+                    ("syn:a#3:0", "three", "a#3")])
+    examples = {e.qid: e for e in examples_from_pairs(pairs, bm25, PASSAGES, negative_pool=3, hard_negatives=1,
+                                                      batch_size=2, seed=0)}
+    assert sorted(examples) == ["q1", "syn:a#3:0", "syn:b#0:0"]
+    assert examples["q1"].negatives == [("A", "one"), ("A", "two")]          # its mined ones, as before
+    assert examples["syn:b#0:0"].negatives and all(title == "A" for title, _ in examples["syn:b#0:0"].negatives)
+    assert examples["syn:a#3:0"].negatives == [("B", PASSAGES["text"][4].as_py())]  # the only other document
+    again = {e.qid: e for e in examples_from_pairs(pairs, bm25, PASSAGES, negative_pool=3, hard_negatives=1,
+                                                   batch_size=2, seed=0)}
+    assert again["syn:b#0:0"].negatives == examples["syn:b#0:0"].negatives   # seeded
+    # Without hard negatives nothing is drawn.
+    plain = examples_from_pairs(pairs, bm25, PASSAGES, negative_pool=3, hard_negatives=0, batch_size=2, seed=0)
+    assert [e.negatives for e in plain if e.qid.startswith("syn:")] == [[], []]

@@ -19,7 +19,7 @@ TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
 
 def _config(generator, checkpoint) -> PipelineConfig:
     cfg = load_config(TINY).model_dump()
-    model = {"base": str(checkpoint), "shared": True, "pooling": "mean", "normalize": True, "scale": 20.0}
+    model = {"base": str(checkpoint), "shared": True, "pooling": "cls", "normalize": True, "scale": 20.0}
     train = {"loss": "dpr", "batch_size": 4, "max_steps": 2, "select_on_dev": False, "hard_negatives": 1,
              "query_max_len": 16, "passage_max_len": 60}
     schedule = {"base": str(checkpoint), "batch_size": 4, "max_steps": 2, "passage_max_len": 60, "query_max_len": 16}
@@ -70,7 +70,7 @@ def test_pretraining_then_retriever_1_and_2(prefect_harness, tmp_path, tiny_gene
         trained = store.get("dense_model", versions[f"train:{system}"])
         assert trained.manifest["inputs"]["pretrain:qac"]["version"] == versions["pretrain:qac"]
         saved = json.loads((trained.subdir("model") / CONFIG_NAME).read_text())
-        assert saved["base_model"] == str(qac.subdir("model")) and saved["pooling"] == "mean"
+        assert saved["base_model"] == str(qac.subdir("model")) and saved["pooling"] == "cls"
     r2 = store.get("dense_model", versions["train:r2"]).manifest
     assert {"negatives:mined", "negatives:bm25"} <= set(r2["inputs"])
     mined = store.get("negatives", versions["negatives:mined"]).manifest

@@ -354,7 +354,8 @@ def test_pipeline_config_checks_pretrain_references():
 
     raw = load_config(PROJECT_ROOT / "configs" / "tiny.yaml").model_dump()
     raw["pretrain"] = [{"name": "pp", "form": "passage-passage"}]
-    raw["dense"] = {"systems": [{"name": "s", "init_from": "pretrain:pp", "train": {"max_steps": 1}}]}
+    raw["dense"] = {"systems": [{"name": "s", "init_from": "pretrain:pp", "model": {"pooling": "cls"},
+                                 "train": {"max_steps": 1}}]}
     PipelineConfig.model_validate(raw)
     with pytest.raises(ValidationError, match="no pretrain run of that name"):
         PipelineConfig.model_validate({**raw, "dense": {"systems": [{"name": "s", "init_from": "pretrain:nope"}]}})
@@ -362,6 +363,39 @@ def test_pipeline_config_checks_pretrain_references():
         PipelineConfig.model_validate({**raw, "pretrain": [{"name": "pp", "form": "cotmae"}]})
     with pytest.raises(ValidationError, match="unique"):
         PipelineConfig.model_validate({**raw, "pretrain": raw["pretrain"] * 2})
+
+
+@pytest.mark.parametrize("pretrain_pooling, system_pooling, error", [
+    ("cls", "cls", None),
+    ("cls", "mean", "set the system's model.pooling to 'cls'"),     # the fine-tuning discards what the heads shaped
+    ("mean", "mean", "its Condenser head reads \\[CLS\\]"),       # mean everywhere still leaves the head on [CLS]
+    ("mean", "cls", "its Condenser head reads \\[CLS\\]"),
+])
+def test_fine_tuning_from_pretraining_pools_cls(pretrain_pooling, system_pooling, error):
+    from tasks.config import PipelineConfig, PROJECT_ROOT, load_config
+
+    raw = load_config(PROJECT_ROOT / "configs" / "tiny.yaml").model_dump()
+    raw["pretrain"] = [{"name": "pp", "form": "passage-passage", "pooling": pretrain_pooling}]
+    raw["dense"] = {"systems": [{"name": "s", "init_from": "pretrain:pp", "model": {"pooling": system_pooling},
+                                 "train": {"max_steps": 1}}]}
+    if error is None:
+        PipelineConfig.model_validate(raw)
+    else:
+        with pytest.raises(ValidationError, match=error):
+            PipelineConfig.model_validate(raw)
+
+
+def test_cotmae_starts_pool_cls():
+    """CoT-MAE's decoder reads [CLS] (section 2.2): its fine-tuned systems pool [CLS]."""
+    from tasks.config import PipelineConfig, PROJECT_ROOT, load_config
+
+    raw = load_config(PROJECT_ROOT / "configs" / "two-stage.yaml").model_dump()
+    raw["pretrain"] = [{"name": "qac", "form": "cotmae"}]
+    raw["dense"]["systems"] = [{"name": "s", "init_from": "pretrain:qac", "model": {"pooling": "mean"},
+                                "train": {"max_steps": 1}}]
+    raw["dense"]["hybrid"] = None
+    with pytest.raises(ValidationError, match="pretrain:qac shapes the \\[CLS\\]"):
+        PipelineConfig.model_validate(raw)
 
 
 def pretraining_examples(n=12):

@@ -11,7 +11,7 @@ from models.cross_encoder import CrossEncoderModel
 from models.losses import ListwiseKLLoss, MarginMSELoss, build_loss
 from tasks.rerank.rerank import rerank_run
 from tasks.schemas import GOLD, RUNS
-from tasks.silver.classifier import (ClassifierTrainArgs, ShuffledBatches, auc, best_threshold,
+from tasks.silver.classifier import (ClassifierTrainArgs, DevClassification, ShuffledBatches, auc, best_threshold,
                                      classification_metrics, train_classifier)
 from tasks.silver.labelling import SCORED, candidates_from_runs, keep_silver, probability_histogram
 from tasks.silver.sampling import classifier_pairs, held_out
@@ -185,3 +185,26 @@ def test_shuffled_batches_state_continues_mid_epoch():
     assert list(b)[0] == first[1]
     with pytest.raises(ValueError, match="sampler state"):
         b.load_state_dict({"epoch": 0, "position": 0, "n": 11, "batch_size": 3})
+
+
+class _FixedScores:
+    def __init__(self, p):
+        self.p = np.asarray(p, dtype=np.float64)
+
+    def score(self, pairs, batch_size=64):
+        return self.p[:len(pairs)]
+
+
+def test_the_dev_metric_that_picks_the_classifier_is_auc_so_a_base_rate_model_cannot_win():
+    labels = [1, 0, 0, 1, 0, 0] * 10                      # base rate 1/3, like 1:1:1 negatives
+    pairs = [("q", "p")] * len(labels)
+    base_rate = _FixedScores([1 / 3] * len(labels))       # calibrated, ranks nothing
+    ranking = _FixedScores([0.9 if y else 0.6 for y in labels])  # ranks perfectly, over-confident
+    by_auc, by_loss = DevClassification(pairs, labels), DevClassification(pairs, labels, primary="log_loss")
+    flat, sharp = by_auc(base_rate), by_auc(ranking)
+    assert flat["log_loss"] < sharp["log_loss"]           # log loss prefers the base-rate model ...
+    assert (flat["auc"], sharp["auc"]) == (0.5, 1.0)      # ... AUC the one that separates the classes
+    assert by_auc.primary_metric == "auc" and by_auc.greater_is_better
+    assert by_loss.primary_metric == "log_loss" and not by_loss.greater_is_better
+    with pytest.raises(ValueError, match="auc or log_loss"):
+        DevClassification(pairs, labels, primary="f1")

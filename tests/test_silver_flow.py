@@ -22,7 +22,7 @@ def _config(tmp_path, checkpoint):
         # runtime onnx (auto is torch): silver, rerank and the judge score through ONNX Runtime here
         "cross_encoder": {"base": str(checkpoint), "dense_system": "zs", "report_max_questions": 10, "device": "cpu",
                           "runtime": "onnx",
-                          "train": {"max_steps": 4, "batch_size": 8, "lr": 1.0e-3, "max_length": 96}},
+                          "train": {"max_steps": 4, "batch_size": 8, "lr": 1.0e-3, "max_length": 96, "eval_every": 2}},
         # threshold 0: every candidate is kept, so the tiny run has silver pairs whatever p is
         "silver": {"queries": ["train"], "retriever": "zs", "top_k": 3, "threshold": 0.0, "max_queries": 12,
                    "shard_size": 10},
@@ -55,6 +55,10 @@ def test_silver_pipeline(silver_run):
     ce = store.get("cross_encoder", versions["cross_encoder"])
     stats = ce.manifest["stats"]
     assert set(stats["sources"]) == {"gold", "bm25", "dense", "document"} and stats["steps"] == 4
+    # AUC and log loss at every evaluation; AUC picks the checkpoint
+    assert [e["step"] for e in stats["dev_curve"]] == [2, 4] and stats["selected_by"] == "auc"
+    assert all(0 <= e["auc"] <= 1 and e["log_loss"] > 0 for e in stats["dev_curve"])
+    assert stats["dev_auc"] == max(e["auc"] for e in stats["dev_curve"])
     report = store.sql("SELECT * FROM classification_report").to_pylist()
     assert [r["model"].split(" ")[0] for r in report] == ["majority", "dual", "cross-attention"]
     assert report[0]["recall"] == 0.0 and 0 < report[0]["accuracy"] < 1

@@ -66,7 +66,7 @@ def encode_side(model, texts: Sequence, side: str, *, batch_size: int, passage_m
     def progress(finished, _n):
         overall = done + finished
         if log is not None and (overall % step < batch_size or overall == total):
-            log(f"encode {side}s: {overall:,}/{total:,}")
+            log(f"encode {'queries' if side == 'query' else side + 's'}: {overall:,}/{total:,}")
 
     with torch.inference_mode():
         return encode_texts(texts, model.tokenizer, encode_fn, batch_size=batch_size,

@@ -18,6 +18,13 @@ class EvalConfig(BaseModel):
     ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 5, 10, 20, 100], min_length=1,
                                                   description="cut-offs k >= 1 of the top-k metrics")
     match_type: Literal["string", "regex"] = "string"
+    # Paired bootstrap over the questions (issue 24): each pair's top-k differences with intervals.
+    compare: list[tuple[str, str]] = Field(default_factory=list, description=(
+        "pairs of systems [A, B] whose top-k differences get paired bootstrap intervals in the report"))
+    compare_split: str = Field("test", description="the questions the comparisons resample")
+    compare_ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 20], min_length=1)
+    bootstrap_samples: int = Field(10_000, ge=100, description="bootstrap resamples per comparison")
+    bootstrap_seed: int = 0
     ignore_identical_ids: Optional[bool] = Field(
         None, description="drop a retrieved passage of the query's own document (BEIR's rule for corpora whose "
                           "queries are documents); empty: on for BEIR input, off otherwise")
@@ -29,6 +36,11 @@ class EvaluateParams(StageParams):
     match_type: str
     ignore_identical_ids: bool
     runs: list[str]  # input stages whose runs are scored
+    compare: list[tuple[str, str]] = []
+    compare_split: str = "test"
+    compare_ks: list[int] = [1, 20]
+    bootstrap_samples: int = 10_000
+    bootstrap_seed: int = 0
 
 
 def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -45,10 +57,30 @@ def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: P
         report += cross_encoder_section(inputs["cross_encoder"].manifest.get("stats", {}))
     if "pairs:silver" in inputs:
         report += silver_section(inputs["pairs:silver"].manifest.get("stats", {}))
+    comparisons = _comparisons(params, results)
+    if comparisons.num_rows:
+        from tasks.evaluation.bootstrap import comparisons_markdown
+
+        report += (f"\n## Paired comparisons\n\nTop-k accuracy of A minus B over the {params.compare_split} questions, "
+                   f"with the {params.bootstrap_samples:,}-resample paired bootstrap interval; \"A better?\" is yes "
+                   f"when the whole interval is above 0.\n\n{comparisons_markdown(comparisons.to_pylist())}\n")
+    write_table(out, comparisons, name="comparisons")
     write_table(out, results, name="question_results")
     write_table(out, metrics, name="metrics")
     (out / "report.md").write_text(report, encoding="utf-8")
     return {"stats": {"systems": sorted(set(metrics.column("system").to_pylist()))}}
+
+
+def _comparisons(params: EvaluateParams, results):
+    import pyarrow as pa
+
+    from tasks.evaluation.bootstrap import compare_systems
+    from tasks.schemas import COMPARISONS
+
+    rows = [row for a, b in params.compare
+            for row in compare_systems(results, a, b, params.compare_split, params.compare_ks,
+                                       params.bootstrap_samples, params.bootstrap_seed)]
+    return pa.Table.from_pylist(rows, schema=COMPARISONS) if rows else COMPARISONS.empty_table()
 
 
 def synthetic_queries_section(stats: dict) -> str:
@@ -74,7 +106,8 @@ def cross_encoder_section(stats: dict) -> str:
 
     lines = ["", "## Cross-attention classifier", "",
              f"Trained on {stats.get('training_pairs', 0):,} pairs {stats.get('sources', {})}, best of "
-             f"{stats.get('steps', 0)} steps by dev log-loss ({stats.get('dev_log_loss') or 0:.4f}); scored on "
+             f"{stats.get('steps', 0)} steps by dev {stats.get('selected_by', 'log_loss')} (dev AUC "
+             f"{100 * (stats.get('dev_auc') or 0):.1f}, log-loss {stats.get('dev_log_loss') or 0:.4f}); scored on "
              f"{stats.get('report_pairs', 0):,} pairs of the {stats.get('report_split')} split built the same way.", "",
              "| model | accuracy | precision | recall | F1 | AUC |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {cell(r['accuracy'])} | {cell(r['precision'])} | {cell(r['recall'])} | "
@@ -106,6 +139,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     reports = [s.name for s in earlier if s.name in ("synthetic_queries", "cross_encoder", "pairs:silver")]
     e = cfg.evaluation
     ignore = e.ignore_identical_ids if e.ignore_identical_ids is not None else cfg.data.beir is not None
-    params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs)
-    return [Stage("evaluate", "evaluation", "2", ("ingest_questions", "chunk", "link_gold", *runs, *reports), params,
+    params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs,
+                            compare=e.compare, compare_split=e.compare_split, compare_ks=e.compare_ks,
+                            bootstrap_samples=e.bootstrap_samples, bootstrap_seed=e.bootstrap_seed)
+    return [Stage("evaluate", "evaluation", "3", ("ingest_questions", "chunk", "link_gold", *runs, *reports), params,
                   build_evaluation)]

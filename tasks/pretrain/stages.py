@@ -114,10 +114,28 @@ def check_pretrain_config(cfg) -> None:
     if needs_queries and cfg.qgen is None:
         raise ValueError(f"pretrain {needs_queries}: query-as-context pre-training reads the synthetic queries of a "
                          "qgen: section, which this config lacks (or use form: passage-passage)")
+    runs = {p.name: p for p in cfg.pretrain}
     for system in (cfg.dense.systems if cfg.dense else []):
         init = system.init_from or ""
-        if init.startswith("pretrain:") and init.split(":", 1)[1] not in names:
+        if not init.startswith("pretrain:"):
+            continue
+        run = runs.get(init.split(":", 1)[1])
+        if run is None:
             raise ValueError(f"{system.name}.init_from {init!r}: no pretrain run of that name; declared: {names}")
+        check_pooling(system.name, system.model.pooling, run)
+
+
+def check_pooling(system: str, pooling: str, run: PretrainRun) -> None:
+    """A system fine-tuned from a pre-training run pools [CLS], the representation the run
+    shaped: the Condenser head (section 2.1) and the CoT-MAE decoder (section 2.2) read the last
+    layer's [CLS]; coCondenser's contrastive term must compare [CLS] too (the paper's h_L^0)."""
+    if run.objective == "cocondenser" and run.pooling != "cls":
+        raise ValueError(f"{system}.init_from pretrain:{run.name}: its Condenser head reads [CLS] while its contrastive "
+                         f"term compares {run.pooling!r} pooling; set pretrain {run.name}'s pooling to 'cls' "
+                         "(paper 002 section 2.1) to fine-tune from it")
+    if pooling != "cls":
+        raise ValueError(f"{system}: pooling {pooling!r}, but pretrain:{run.name} shapes the [CLS] representation: "
+                         "set the system's model.pooling to 'cls' (paper 002: [CLS] in pre-training and fine-tuning)")
 
 
 class PretrainParams(StageParams):

@@ -76,7 +76,8 @@ class QgenConfig(_Strict):
 
 
 class FinetuneParams(StageParams):
-    RUNTIME = frozenset({"device"})
+    # Checkpointing only decides what a killed run can resume from, not what it trains.
+    RUNTIME = frozenset({"device", "train.checkpoint_every", "train.keep_checkpoints"})
     generator: str
     kind: str
     prefix: Optional[str]
@@ -123,9 +124,10 @@ def _pair_rows(pairs: pa.Table, passages: pa.Table, split: str, limit: Optional[
     return rows
 
 
-def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Path) -> dict:
+def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
     from models.generator import load_generator
     from tasks.qgen.finetune import finetune_generator
+    from tasks.training.resumable import keep_record, training_dir
 
     t = params.train
     pairs, passages = inputs["pairs:gold"].read_table(), inputs["chunk"].read_table(columns=["pid", "title", "text"])
@@ -135,11 +137,13 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
     generator = load_generator(params.generator, params.kind, params.prefix)
     args = GeneratorTrainArgs(**t.model_dump(include=set(GeneratorTrainArgs.model_fields)))
     logger.info("qgen: fine-tuning %s on %d train pairs (%d dev pairs)", params.generator, len(train), len(dev))
-    result = finetune_generator(generator, train, dev, args, out / "training", device=_device(params.device))
-    best = load_generator(str(out / "training" / "best"))
+    train_dir = training_dir(out, work)
+    result = finetune_generator(generator, train, dev, args, train_dir, device=_device(params.device))
+    best = load_generator(str(train_dir / "best"))
     best.save_pretrained(out / "model")
     shutil.rmtree(out / "training" / "best", ignore_errors=True)
     shutil.rmtree(out / "training" / "checkpoints", ignore_errors=True)
+    keep_record(train_dir, out)
     return {"stats": {"train_pairs": len(train), "dev_pairs": len(dev), "best_step": result["best_step"],
                       "best_dev_loss": result["best_dev_loss"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
 
@@ -302,7 +306,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if q.finetune.enabled:
         out.append(Stage("qgen_model", "qgen_model", "1", ("chunk", "pairs:gold"),
                          FinetuneParams(generator=q.generator, kind=q.kind, prefix=q.prefix, train=q.finetune,
-                                        device=q.generate.device), build_finetune))
+                                        device=q.generate.device), build_finetune, resumable=True))
         model_input = "qgen_model"
     out.append(Stage("synthetic_queries", "synthetic_queries", "1",
                      ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if model_input else [])),

@@ -70,25 +70,29 @@ class PairCollator:
         pass
 
 
-class DevLogLoss:
-    """The evaluator of the classifier's dev split: log-loss (lower is better) and accuracy."""
-    primary_metric = "log_loss"
-    greater_is_better = False
+class DevClassification:
+    """The evaluator of the classifier's dev split: AUC, log-loss and accuracy. `primary` picks
+    the checkpoint: AUC by default, since a classifier that predicts the base rate everywhere
+    is well calibrated and wins on log-loss while it ranks nothing (it happened at CPU size)."""
 
-    def __init__(self, pairs: Sequence[Pair], labels: Sequence[int], batch_size: int = 64) -> None:
+    def __init__(self, pairs: Sequence[Pair], labels: Sequence[int], batch_size: int = 64,
+                 primary: str = "auc") -> None:
+        if primary not in ("auc", "log_loss"):
+            raise ValueError(f"the classifier's dev metric is auc or log_loss, not {primary!r}")
         self.pairs, self.labels, self.batch_size = list(pairs), np.asarray(labels), batch_size
+        self.primary_metric, self.greater_is_better = primary, primary == "auc"
 
     def __call__(self, model) -> dict[str, float]:
         p = np.clip(model.score(self.pairs, batch_size=self.batch_size), 1e-7, 1 - 1e-7)
         y = self.labels
-        return {"log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
+        return {"auc": auc(y, p), "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
                 "accuracy": float(np.mean((p >= 0.5) == (y == 1)))}
 
 
 def train_classifier(model, pairs: Sequence[Pair], labels: Sequence[int], args: ClassifierTrainArgs, out_dir,
                      evaluator: Optional[Any] = None, device: str = "auto", progress: bool = False) -> dict:
     """Binary cross-entropy on (pair, label) examples; returns run_training's result (out_dir/best
-    holds the best model by the dev log-loss when an evaluator is given)."""
+    holds the best model by the evaluator's primary metric when an evaluator is given)."""
     from models.cross_encoder import BinaryCrossEntropyLoss
     from tasks.training.trainer import run_training
 

@@ -44,6 +44,9 @@ class CrossEncoderConfig(BaseModel):
     # Paper 001 section 5.1: hyper-parameters set on 10% of the training data held out.
     dev_share: float = Field(0.1, gt=0, lt=1, description="share of the split's questions held out as the classifier's dev")
     max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many questions (seeded sample)")
+    # Log loss and AUC are reported at every evaluation; a calibrated base-rate model wins on
+    # log loss while ranking nothing, so AUC picks the checkpoint by default.
+    select_by: Literal["auc", "log_loss"] = Field("auc", description="the dev metric that picks the checkpoint")
     report_split: str = Field("test", description="questions whose pairs (built the same way) the report scores")
     report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
     batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
@@ -98,7 +101,8 @@ class SilverConfig(BaseModel):
 
 class CrossEncoderParams(StageParams):
     # The stage trains and reports with torch: how later stages score does not change its output.
-    RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8"})
+    RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.train.checkpoint_every",
+                         "config.train.keep_checkpoints"})
     config: CrossEncoderConfig
     match_type: str
     device: str
@@ -114,10 +118,12 @@ def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> p
     return questions.take(rows)
 
 
-def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path) -> dict:
+def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path,
+                        work: Optional[Path] = None) -> dict:
     from models.cross_encoder import CrossEncoderModel
     from tasks.dense.models import resolve_device
-    from tasks.silver.classifier import DevLogLoss, train_classifier
+    from tasks.silver.classifier import DevClassification, train_classifier
+    from tasks.training.resumable import keep_record, training_dir
     from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, source_counts
 
     c, device = params.config, resolve_device(params.device)
@@ -140,21 +146,26 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
                          "check the split, dev_share and max_questions")
     logger.info("cross_encoder: %d training pairs %s, %d dev pairs", len(train), source_counts(train), len(dev))
     model = CrossEncoderModel.from_base(c.base, c.train.max_length)
-    evaluator = DevLogLoss(as_text_pairs(dev, text_of), [p.label for p in dev], params.batch_size)
-    result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], c.train, out / "training",
+    evaluator = DevClassification(as_text_pairs(dev, text_of), [p.label for p in dev], params.batch_size, c.select_by)
+    train_dir = training_dir(out, work)
+    result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], c.train, train_dir,
                               evaluator=evaluator, device=str(device))
-    model = CrossEncoderModel.from_pretrained(out / "training" / "best")
+    model = CrossEncoderModel.from_pretrained(train_dir / "best")
     model.to(device)
     model.save_pretrained(out / "model")
 
     report_pairs = pairs_of(c.report_split, c.report_max_questions)
     report, threshold = _report(model, dev, report_pairs, text_of, inputs, params, device)
     write_table(out, pa.Table.from_pylist(report), name="classification_report")
-    for copy in ("best", "final"):  # model/ holds the chosen weights; history and curve stay
+    for copy in ("best", "final", "checkpoints"):  # model/ holds the chosen weights; history and curve stay
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
+    keep_record(train_dir, out)
+    curve = [{"step": h["step"], **h["dev_metrics"]} for h in result["history"] if "dev_metrics" in h]
+    best = next((e for e in curve if e["step"] == result["best_step"]), {})
     return {"stats": {"training_pairs": len(train), "dev_pairs": len(dev), "sources": source_counts(train),
-                      "steps": len(result["history"]), "best_step": result["best_step"],
-                      "dev_log_loss": result["best_metric"], "seconds": result["seconds"],
+                      "steps": len(result["history"]), "best_step": result["best_step"], "selected_by": c.select_by,
+                      "dev_auc": best.get("auc"), "dev_log_loss": best.get("log_loss"), "dev_curve": curve,
+                      "seconds": result["seconds"],
                       "report_split": c.report_split, "report_pairs": len(report_pairs),
                       "dual_encoder_threshold": threshold, "report": report}}
 
@@ -401,7 +412,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = [Stage("cross_encoder", "cross_encoder", "1",
                  ("ingest_questions", "chunk", "link_gold", "bm25_search", *dense),
                  CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
-                                    batch_size=c.batch_size), build_cross_encoder)]
+                                    batch_size=c.batch_size), build_cross_encoder, resumable=True)]
     if not wants_silver(cfg):
         return out
     s = cfg.silver

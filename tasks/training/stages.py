@@ -35,6 +35,10 @@ class DenseTrainConfig(TrainerArgs):
     negatives: list[str] = Field(default_factory=lambda: ["bm25"], description=(
         "strategies the pool is drawn from (negatives:NAME stages): bm25, context, random, mixed, or a "
         "negatives.dense name (coarse, fine, self-mined); [] with hard_negatives 0: in-batch (Rnd) only"))
+    # One length setting serves training and encoding by default: title plus 100 words averages
+    # 133 MiniLM tokens, so a 128-token training cut would train on passages the index never sees.
+    query_max_len: Optional[int] = Field(None, ge=1, description="query tokens; empty: dense.encode.query_max_len")
+    passage_max_len: Optional[int] = Field(None, ge=1, description="passage tokens; empty: dense.encode.passage_max_len")
     split: str = Field("train", description="the split whose pairs are trained on")
     batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
     # Paper 003 sections 4.3 and 5.3: N = 2 hard negatives per question per step, drawn from its pool of M = 100.
@@ -76,8 +80,17 @@ class DenseTrainConfig(TrainerArgs):
         return self
 
 
+def with_encode_lengths(train: DenseTrainConfig, encode) -> DenseTrainConfig:
+    """`train` with each unset max length taken from the encode section (resolved at planning, so
+    the version names the lengths trained with)."""
+    lengths = {name: getattr(encode, name) for name in ("query_max_len", "passage_max_len")
+               if getattr(train, name) is None}
+    return train.model_copy(update=lengths)
+
+
 class TrainParams(StageParams):
-    RUNTIME = frozenset({"device", "origin.init_path"})
+    # Checkpointing only decides what a killed run can resume from, not what it trains.
+    RUNTIME = frozenset({"device", "origin.init_path", "train.checkpoint_every", "train.keep_checkpoints"})
     system: str
     origin: Origin
     train: DenseTrainConfig
@@ -117,7 +130,7 @@ def _with_teacher_scores(examples, cross_encoder: Artifact, device: str):
     return out
 
 
-def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> dict:
+def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
     import pyarrow as pa
 
     from models import BiEncoder
@@ -125,6 +138,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     from models.losses import build_loss
     from tasks.training.distributed import is_main_process
     from tasks.training.examples import examples_from_pairs
+    from tasks.training.resumable import keep_record, training_dir
     from tasks.training.trainer import train_bi_encoder
 
     t, device = params.train, resolve_device(params.device)
@@ -133,7 +147,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     if not t.pair_weights:  # the ablation: silver pairs count as much as gold ones
         pairs = pairs.set_column(pairs.schema.get_field_index("weight"), "weight",
                                  pa.array([1.0] * pairs.num_rows, pa.float32()))
-    examples = examples_from_pairs(pairs, negatives, inputs["chunk"].read_table(columns=["pid", "title", "text"]),
+    examples = examples_from_pairs(pairs, negatives, inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
                                    negative_pool=t.negative_pool, hard_negatives=t.hard_negatives, batch_size=t.batch_size,
                                    seed=t.seed, max_questions=t.max_questions, split=t.split)
     model = params.origin.load(inputs)
@@ -143,17 +157,19 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path) -> 
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
-    result = train_bi_encoder(model, loss, examples, args, out / "training", evaluator=evaluator, progress=False, device=device)
+    train_dir = training_dir(out, work)
+    result = train_bi_encoder(model, loss, examples, args, train_dir, evaluator=evaluator, progress=False, device=device)
     if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
         return None
     if result["best_step"] != len(result["history"]):
         logger.info("train %s: keeping step %s (dev metric %.4f), not the last step", params.system,
                     result["best_step"], result["best_metric"])
-        model = BiEncoder.from_pretrained(out / "training" / "best")
+        model = BiEncoder.from_pretrained(train_dir / "best")
     model.save_pretrained(out / "model")
     export_bi_encoder(model, out / "export")
-    for copy in ("best", "final"):  # model/ holds the chosen weights; history and curve stay
+    for copy in ("best", "final", "checkpoints"):  # model/ holds the chosen weights; history and curve stay
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
+    keep_record(train_dir, out)
     history = result["history"]
     return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
                       "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
@@ -169,14 +185,15 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         if system.train is None:
             continue
         # `mixed` stands for its member strategies: the version names what was drawn from
-        t = system.train.model_copy(update={"negatives": cfg.negatives.expand(system.train.negatives)})
+        t = with_encode_lengths(system.train, cfg.dense.encode)
+        t = t.model_copy(update={"negatives": cfg.negatives.expand(t.negatives)})
         origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
         data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)
         if t.distils:
             data += ("cross_encoder",)
         params = TrainParams(system=system.name, origin=origin, train=t, dev_encode=EncodeSettings.of(cfg.dense.encode),
                              device=cfg.dense.encode.device)
-        out.append(Stage(f"train:{system.name}", "dense_model", "3",
+        out.append(Stage(f"train:{system.name}", "dense_model", "4",
                          ("ingest_questions", "chunk", "link_gold", *data, *origin_stages), params, build_train,
-                         pinned=pinned, variant={"system": system.name}))
+                         pinned=pinned, variant={"system": system.name}, resumable=True))
     return out

@@ -452,6 +452,8 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         dev_curve.append((step, metric))
         if history and history[-1]["step"] == step:
             history[-1]["dev_metric"] = metric
+            # every metric the evaluator reports, not only the one that picks: history is checkpointed
+            history[-1]["dev_metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if best_metric is None or (metric > best_metric if greater_is_better else metric < best_metric):
             best_metric, best_step = metric, step
             if ranks.main:

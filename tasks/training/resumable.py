@@ -1,0 +1,31 @@
+"""Where a stage's trainer writes. A resumable stage gets a work folder that outlives a killed run
+of the same version, so the trainer, run there, resumes from its latest checkpoint (set
+`checkpoint_every`); the build folder keeps only the chosen model and the run's record."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from tasks.training.distributed import torchrun_world_size
+
+
+def training_dir(out: Path, work: Optional[Path]) -> Path:
+    """work/training when the stage has a work folder, else out/training. Under torchrun each
+    rank has its own work folder, and a resume would find rank 0's checkpoints only: the ranks
+    then train in the build folder, from the start, as they always did."""
+    if work is None or torchrun_world_size() > 1:
+        return Path(out) / "training"
+    return Path(work) / "training"
+
+
+def keep_record(train_dir: Path, out: Path) -> Path:
+    """Copies the run's record (the top-level files: history.json, loss_curve.png) to
+    out/training, which the artifact keeps; checkpoints and model copies stay behind."""
+    dest = Path(out) / "training"
+    if Path(train_dir).resolve() != dest.resolve():
+        dest.mkdir(parents=True, exist_ok=True)
+        for item in Path(train_dir).iterdir():
+            if item.is_file():
+                shutil.copy2(item, dest / item.name)
+    return dest

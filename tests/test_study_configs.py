@@ -1,0 +1,78 @@
+"""The corpus-scale study's configs (issue 24) keep the papers' settings and its own rules: paper
+003's N = 2 of M = 100 hard negatives, paper 002's 15 of depth 200 with 144-token passages,
+whole-corpus generation and classifier training, two seeds for every training row, and phases
+that plan the very versions the whole study plans (so a phase's artifacts are the study's)."""
+import re
+
+import pytest
+
+from flows.registry import plan_for
+from tasks.config import PROJECT_ROOT, load_config
+
+CONFIGS = PROJECT_ROOT / "configs"
+
+
+@pytest.fixture(scope="module")
+def study():
+    return load_config(CONFIGS / "study.yaml")
+
+
+def _trained(cfg):
+    return {s.name: s for s in cfg.dense.systems if s.train is not None}
+
+
+def test_paper_003_rows_draw_2_of_100_hard_negatives(study):
+    for name, system in _trained(study).items():
+        t = system.train
+        if t.hard_negatives and t.loss != "margin_mse" and not name.startswith(("dpr", "xmoco")):
+            assert (t.hard_negatives, t.negative_pool) == (2, 100), name
+        assert t.max_steps is None and t.epochs >= 1 and t.max_questions is None, name  # epochs of every pair
+
+
+def test_paper_002_rows_draw_15_of_depth_200_at_144_tokens():
+    cfg = load_config(CONFIGS / "study-query-as-context.yaml")
+    for name, system in _trained(cfg).items():
+        t = system.train
+        assert (t.hard_negatives, t.negative_pool, t.passage_max_len, t.batch_size, t.lr) == (15, 200, 144, 64, 2e-5)
+        assert system.model.pooling == "cls", name
+    assert cfg.negatives.bm25.depth == 200 and cfg.bm25.k >= 200
+    assert all(d.depth == 200 for n, d in cfg.negatives.dense.items() if n.startswith("mined"))
+
+
+def test_every_training_row_runs_at_two_seeds_that_differ_only_by_seed(study):
+    trained = _trained(study)
+    for name, system in trained.items():
+        if not name.endswith("-s1"):
+            continue
+        twin = trained[re.sub(r"-s1$", "-s2", name)]
+        assert system.train.seed != twin.train.seed
+        assert system.train.model_dump(exclude={"seed"}) == twin.train.model_dump(exclude={"seed"}), name
+        assert system.model == twin.model
+        assert (system.init_from or "").replace("-s1", "") == (twin.init_from or "").replace("-s2", "")
+
+
+def test_the_generator_and_the_classifier_see_the_whole_corpus(study):
+    assert study.qgen.finetune.max_pairs is None and study.qgen.generate.max_passages is None
+    assert study.qgen.generate.queries_per_passage >= 2 and study.qgen.filter_bm25_top_k
+    assert (study.qgen.generate.top_p, study.qgen.generate.top_k) == (0.95, 25)
+    c = study.cross_encoder
+    assert c.max_questions is None and c.train.max_steps is None and c.train.epochs >= 1 and c.select_by == "auc"
+    assert study.silver.threshold == 0.5
+
+
+def test_the_phases_build_the_studys_own_versions(study):
+    whole = plan_for(study)
+    for phase in ("study-teacher", "study-qgen", "study-query-as-context"):
+        plan = plan_for(load_config(CONFIGS / f"{phase}.yaml"))
+        shared = [n for n in plan.names() if n in whole.names() and n != "evaluate"]
+        if phase == "study-query-as-context":  # its BM25 goes to depth 200: BM25's runs and what reads them differ
+            shared = [n for n in shared if n in ("qgen_model", "synthetic_queries", "encode:zero-shot")]
+        assert shared
+        for name in shared:
+            assert plan.planned_version(name) == whole.planned_version(name), (phase, name)
+
+
+def test_the_study_compares_what_its_bars_name(study):
+    pairs = {tuple(p) for p in study.evaluation.compare}
+    assert {("two-stage-s1", "gold-s1"), ("two-stage-s2", "gold-s2"), ("hybrid-gold-s1-rerank", "hybrid(gold-s1)")} <= pairs
+    assert study.evaluation.compare_split == "test" and study.evaluation.compare_ks == [1, 20]
