@@ -84,7 +84,7 @@ def metrics_table(results) -> list[str]:
 def main() -> int:
     import pyarrow as pa
 
-    from tasks.evaluation.bootstrap import compare_systems
+    from tasks.evaluation.bootstrap import compare_systems, verdict
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path.home() / "pforge-runs" / "study")
@@ -122,9 +122,8 @@ def main() -> int:
             print(f"| {paper} | {claim} | not run ({a} vs {b}) | - | - |")
             continue
         r = compare_systems(results, a, b, "test", (k,), samples=args.samples)[0]
-        verdict = "yes" if r["low"] > 0 else ("no (B better)" if r["high"] < 0 else "not shown")
         print(f"| {paper} | {claim} | top-{k} {100 * r['a']:.1f} vs {100 * r['b']:.1f} ({a} vs {b}) | "
-              f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {verdict} |")
+              f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {verdict(r)} |")
     return 0
 
 

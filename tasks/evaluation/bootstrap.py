@@ -61,6 +61,11 @@ def compare_systems(results: pa.Table, a: str, b: str, split: str = "test", ks: 
     return rows
 
 
+def verdict(row: dict) -> str:
+    """Whether A beats B: yes when the whole interval is above 0, "no, B is" when it is below."""
+    return "yes" if row["low"] > 0 else ("no, B is" if row["high"] < 0 else "not shown")
+
+
 def comparisons_markdown(rows: Sequence[dict]) -> str:
     """The report's table: differences in points with their intervals."""
     if not rows:
@@ -69,8 +74,7 @@ def comparisons_markdown(rows: Sequence[dict]) -> str:
     lines = [f"| A | B | split | metric | A | B | A - B | {level}% interval | A better? |",
              "|---|---|---|---|---:|---:|---:|---|---|"]
     for r in rows:
-        verdict = "yes" if r["low"] > 0 else ("no, B is" if r["high"] < 0 else "not shown")
         lines.append(f"| {r['system_a']} | {r['system_b']} | {r['split']} | top-{r['k']} | {100 * r['a']:.1f} | "
                      f"{100 * r['b']:.1f} | {100 * r['difference']:+.1f} | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] "
-                     f"| {verdict} |")
+                     f"| {verdict(r)} |")
     return "\n".join(lines)

@@ -11,7 +11,6 @@ stage's work folder, so a killed pre-training continues where it stopped."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -160,6 +159,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     from models.pretraining import build_pretraining_loss, load_bert_mlm_head
     from tasks.dense.models import resolve_device
     from tasks.pretrain.examples import passage_context_examples, query_context_examples, sample_examples
+    from tasks.training.resumable import keep_record
     from tasks.training.trainer import train_bi_encoder
 
     c = params.pretrain
@@ -184,10 +184,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     result = train_bi_encoder(model, loss, examples, args, work / "training", progress=False,
                               device=resolve_device(params.device))
     save_base_checkpoint(model, out / "model")
-    (out / "training").mkdir()
-    for name in ("history.json", "loss_curve.png"):
-        if (work / "training" / name).is_file():
-            shutil.copy2(work / "training" / name, out / "training" / name)
+    keep_record(work / "training", out)
     history = result["history"]
     return {"stats": {"form": c.form, "objective": c.objective, "passages": len(examples),
                       "contexts_per_passage": round(contexts, 3), "steps": len(history),

@@ -19,13 +19,16 @@ def training_dir(out: Path, work: Optional[Path]) -> Path:
     return Path(work) / "training"
 
 
+RECORD = ("history.json", "loss_curve.png")  # what the trainers write beside their checkpoints
+
+
 def keep_record(train_dir: Path, out: Path) -> Path:
-    """Copies the run's record (the top-level files: history.json, loss_curve.png) to
-    out/training, which the artifact keeps; checkpoints and model copies stay behind."""
+    """Copies the run's record (history.json, loss_curve.png, those present) to out/training,
+    which the artifact keeps; checkpoints and model copies stay behind."""
     dest = Path(out) / "training"
     if Path(train_dir).resolve() != dest.resolve():
         dest.mkdir(parents=True, exist_ok=True)
-        for item in Path(train_dir).iterdir():
-            if item.is_file():
-                shutil.copy2(item, dest / item.name)
+        for name in RECORD:
+            if (Path(train_dir) / name).is_file():
+                shutil.copy2(Path(train_dir) / name, dest / name)
     return dest
