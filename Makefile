@@ -7,8 +7,9 @@ export HF_HUB_OFFLINE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_LOGGING_EXTRA_LOGGERS ?= passage_forge
 export TOKENIZERS_PARALLELISM ?= false
+export NO_MKDOCS_2_WARNING ?= 1  # Material's end-of-life banner on every mkdocs command
 
-.PHONY: demo test bench install clean test-tools
+.PHONY: demo test bench install clean test-tools docs docs-build docs-dags
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +38,21 @@ test-tools:
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q -ra --durations=25 tests
 
+# The documentation site (mkdocs.yml, docs/): served with live reload on http://127.0.0.1:8000.
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs serve
+
+# Built into site/ as tests/test_docs_site.py builds it: strict, so a broken link or anchor fails.
+docs-build: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
+# A page per config and every stage DAG in the docs and README, as `pforge plan` draws them now.
+docs-dags: $(STAMP)
+	$(BIN)/python docs/gen_dags.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/chunking_throughput.py
 	$(BIN)/python benchmarks/bm25_throughput.py
 
 clean:
-	rm -rf $(VENV) artifacts
+	rm -rf $(VENV) artifacts site

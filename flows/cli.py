@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the pipeline (a Prefect flow) on a config")
     run.add_argument("config", type=Path)
-    run.add_argument("--stage", help="rerun only this stage on its latest upstream artifacts")
+    only = run.add_mutually_exclusive_group()
+    only.add_argument("--stage", help="rerun only this stage on its latest upstream artifacts")
+    only.add_argument("--upto", metavar="STAGE", help="run this stage and every stage it needs, not the rest "
+                                                       "(e.g. another config's classifier or generator)")
     run.add_argument("--nproc", type=int, default=1, help="train a train:NAME stage data-parallel on this many "
                                                           "ranks (torchrun + DDP: one per GPU, gloo on CPUs)")
     run.add_argument("--smoke", action="store_true", help="every stage of the config on a few seconds' work each "
@@ -54,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     refresh.add_argument("config", type=Path)
     refresh.add_argument("--dump", help="the newer dump: a path, a glob (the newest match) or a URL with an optional "
                                         "{date} (default: the config's refresh.dump, else its own dump read again)")
-    compare = sub.add_parser("compare", help="A's top-k accuracy minus B's with its paired bootstrap 95% interval, "
-                                             "from the newest evaluation that scored both")
+    compare = sub.add_parser("compare", help="A's top-k accuracy (or nDCG@k, without answers) minus B's with its "
+                                             "paired bootstrap 95% interval, from the newest evaluation that scored both")
     compare.add_argument("system_a")
     compare.add_argument("system_b")
     compare.add_argument("--split", default="test", help="the questions resampled (default test)")
@@ -63,10 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples (default 10,000)")
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--evaluation", metavar="VERSION", help="this evaluation artifact (default: the newest with both)")
+    compare.add_argument("--metric", default="auto", choices=["auto", "top_k_accuracy", "ndcg_cut", "recall", "mrr", "P"],
+                         help="what is resampled per question (default auto: top-k answer accuracy when the questions "
+                              "carry answers, else nDCG@k on the qrels)")
+    plan = sub.add_parser("plan", help="the stages a config runs, in order, with their versions and whether each is "
+                                       "built in the artifact root (nothing runs); optionally the stage DAG")
+    plan.add_argument("config", type=Path)
+    plan.add_argument("--smoke", action="store_true", help="the plan of `pforge run --smoke`")
+    plan.add_argument("--mermaid", type=Path, metavar="FILE", help="write the stage DAG as a Mermaid flowchart ('-': stdout)")
+    plan.add_argument("--dot", type=Path, metavar="FILE", help="write the stage DAG as Graphviz dot ('-': stdout)")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
-    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -126,7 +138,7 @@ def _run(args) -> int:
     from flows.pipeline import pipeline
     from storage import ArtifactStore, resolve_root
 
-    versions = pipeline(config=cfg, stage=args.stage, root=args.root)
+    versions = pipeline(config=cfg, stage=args.stage, root=args.root, upto=args.upto)
     store = ArtifactStore(resolve_root(args.root))
     for stage, version in versions.items():
         print(f"{stage:18s} {version}")
@@ -149,6 +161,30 @@ def _run_data_parallel(args) -> int:
     if args.root:
         argv += ["--root", str(Path(args.root).absolute())]
     return subprocess.run(argv, cwd=Path(__file__).resolve().parents[1]).returncode
+
+
+def _plan(args) -> int:
+    from flows.plan import DAG_FORMATS, plan_text, planned_stages
+    from flows.registry import plan_for
+    from storage import resolve_root
+
+    cfg = load_config(args.config, smoke=args.smoke)
+    plan = plan_for(cfg)
+    targets = {fmt: getattr(args, fmt) for fmt in DAG_FORMATS if getattr(args, fmt) is not None}
+    for fmt, target in targets.items():
+        text = DAG_FORMATS[fmt](plan)
+        if str(target) == "-":
+            sys.stdout.write(text)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+    if any(str(t) == "-" for t in targets.values()):
+        return 0  # stdout holds the DAG alone, ready for a pipe
+    root = resolve_root(args.root)
+    print(plan_text(cfg.name, root, planned_stages(plan, root)), end="")
+    for fmt, target in targets.items():
+        print(f"{fmt} DAG: {target}")
+    return 0
 
 
 def _artifacts(args) -> int:
@@ -184,7 +220,7 @@ def _compare(args) -> int:
 
     store = ArtifactStore(resolve_root(args.root), create=False)
     artifact, rows = compare(store, args.system_a, args.system_b, args.split, args.k, args.samples, args.seed,
-                             args.evaluation)
+                             args.evaluation, args.metric)
     print(f"evaluation {artifact.version} ({rows[0]['questions']:,} {args.split} questions, {args.samples:,} paired "
           "bootstrap resamples)")
     print(comparisons_markdown(rows))
@@ -276,7 +312,7 @@ def _serve(args) -> int:
 
 
 COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
-            "refresh": _refresh, "serve": _serve, "compare": _compare}
+            "refresh": _refresh, "serve": _serve, "compare": _compare, "plan": _plan}
 
 if __name__ == "__main__":
     sys.exit(main())

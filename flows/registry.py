@@ -19,6 +19,7 @@ from tasks.pretrain import stages as pretrain
 from tasks.readers import stages as ingest
 from tasks.rerank import stages as rerank
 from tasks.silver import stages as silver
+from tasks.stage_refs import is_config_reference, split_config_reference
 from tasks.training import stages as training
 
 # Each family declares its stages from the config and the stages declared before it.
@@ -37,26 +38,51 @@ def plan_for(cfg: PipelineConfig) -> Plan:
 
 
 def _resolve_config_references(cfg: PipelineConfig, seen: tuple[Path, ...] = ()) -> PipelineConfig:
-    """`init_from: other.yaml:NAME` -> `dense_model:VERSION`, the version that config's train:NAME
-    stage has (planned, not built: run that config first)."""
-    if cfg.dense is None or not any(s.init_from and ".yaml:" in s.init_from for s in cfg.dense.systems):
+    """Every `other.yaml:...` reference -> `ARTIFACT:VERSION`, the version that config's plan gives
+    the stage (planned, not built: run that config first): a dense system's `init_from:
+    other.yaml:NAME` (its train:NAME), `qgen.generator: other.yaml:qgen_model` and
+    `cross_encoder.model: other.yaml:cross_encoder`."""
+    updates = {}
+    if cfg.dense is not None and any(s.init_from and is_config_reference(s.init_from) for s in cfg.dense.systems):
+        systems = []
+        for system in cfg.dense.systems:
+            if system.init_from and is_config_reference(system.init_from):
+                file, name = split_config_reference(system.init_from)
+                version = _planned_elsewhere(cfg, system.init_from, file, f"train:{name}", seen,
+                                             f"has no trained system {name!r}")
+                system = system.model_copy(update={"init_from": f"dense_model:{version}"})
+            systems.append(system)
+        updates["dense"] = cfg.dense.model_copy(update={"systems": systems})
+    if cfg.qgen is not None and is_config_reference(cfg.qgen.generator):
+        file, stage = split_config_reference(cfg.qgen.generator)
+        _expect_stage(cfg.qgen.generator, stage, "qgen_model")
+        version = _planned_elsewhere(cfg, cfg.qgen.generator, file, stage, seen, "fine-tunes no generator (qgen:)")
+        updates["qgen"] = cfg.qgen.model_copy(update={"generator": f"qgen_model:{version}"})
+    if cfg.cross_encoder is not None and cfg.cross_encoder.model and is_config_reference(cfg.cross_encoder.model):
+        file, stage = split_config_reference(cfg.cross_encoder.model)
+        _expect_stage(cfg.cross_encoder.model, stage, "cross_encoder")
+        version = _planned_elsewhere(cfg, cfg.cross_encoder.model, file, stage, seen, "trains no cross_encoder")
+        updates["cross_encoder"] = cfg.cross_encoder.model_copy(update={"model": f"cross_encoder:{version}"})
+    if not updates:
         return cfg
-    systems = []
-    for system in cfg.dense.systems:
-        if system.init_from and ".yaml:" in system.init_from:
-            file, _, name = system.init_from.rpartition(":")
-            path = (cfg.config_dir / file).resolve()
-            if path in seen:
-                raise PlanError(f"init_from {system.init_from!r}: configs refer to each other in a cycle")
-            other = _resolve_config_references(load_config(path, smoke=cfg._smoke), (*seen, path))
-            plan = plan_for(other)
-            stage = f"train:{name}"
-            if stage not in plan:
-                raise PlanError(f"init_from {system.init_from!r}: {path} has no trained system {name!r}")
-            version = plan.planned_version(stage)
-            system = system.model_copy(update={"init_from": f"dense_model:{version}"})
-        systems.append(system)
-    resolved = cfg.model_copy(update={"dense": cfg.dense.model_copy(update={"systems": systems})})
+    resolved = cfg.model_copy(update=updates)
     resolved._config_dir, resolved._smoke = cfg._config_dir, cfg._smoke
     return resolved
 
+
+def _expect_stage(reference: str, stage: str, wanted: str) -> None:
+    if stage != wanted:
+        raise PlanError(f"{reference!r}: name the stage that builds it, other.yaml:{wanted}")
+
+
+def _planned_elsewhere(cfg: PipelineConfig, reference: str, file: str, stage: str, seen: tuple[Path, ...],
+                       missing: str) -> str:
+    """The planned version of `stage` in the config `file` (relative to cfg's folder)."""
+    path = (cfg.config_dir / file).resolve()
+    if path in seen:
+        raise PlanError(f"{reference!r}: configs refer to each other in a cycle")
+    other = _resolve_config_references(load_config(path, smoke=cfg._smoke), (*seen, path))
+    plan = plan_for(other)
+    if stage not in plan:
+        raise PlanError(f"{reference!r}: {path} {missing}")
+    return plan.planned_version(stage)

@@ -34,6 +34,8 @@ MODEL_STAGE = "dense_model"  # what `pforge promote` promotes
 
 @dataclass(frozen=True)
 class Hit:
+    """One retrieved passage: its rank (from 1), the system's score, and the passage as the
+    `passages` table holds it."""
     rank: int
     pid: str
     score: float
@@ -44,6 +46,7 @@ class Hit:
 
 @dataclass
 class SearchResult:
+    """What `search` returns: the ranked `hits` and the artifacts that produced them."""
     question: str
     system: str                    # the system's name in runs and metrics
     runs: Artifact                 # the runs artifact whose recipe ranked the question
@@ -55,13 +58,41 @@ class SearchResult:
 def search(question: str, system: str | None = None, *, promoted: bool = False, k: int = 10,
            root: str | Path | None = None, config: PipelineConfig | str | Path | None = None,
            store: ArtifactStore | None = None) -> SearchResult:
-    """The top `k` passages for `question`.
+    """The top `k` passages for `question`, ranked with exactly the recipe a system's runs
+    artifact records (what `pforge search` prints).
 
-    `system`: a system name of the runs (`bm25`, a dense system, `hybrid(NAME)` or just `hybrid`,
-    a fusion's name) or a stage name (`search:NAME`, `bm25_search`, `fusion:NAME`). `promoted`:
-    the dense system whose encoder was promoted last. Neither: the promoted encoder if there is
-    one, else BM25. With `config`, the artifacts that config builds (it must have run), else the
-    latest of that system in the store.
+    Args:
+        question: the question text.
+        system: a system name of the runs (`bm25`, a dense system, `hybrid(NAME)` or just
+            `hybrid`, a fusion's name) or a stage name (`search:NAME`, `bm25_search`,
+            `fusion:NAME`). Neither this nor `promoted`: the promoted encoder if there is one,
+            else BM25.
+        promoted: the dense system whose encoder was promoted last (`pforge promote`).
+        k: how many passages.
+        root: the artifact root (default: `$PFORGE_HOME`, else `./artifacts`); it must exist.
+        config: a config (or its path): search the artifacts that config builds (it must have
+            run), instead of the latest artifacts of the system in the store.
+        store: an open store, instead of `root`.
+
+    Returns:
+        The hits, best first, with the runs artifact used, the encoder version of a dense
+        system and the corpus refresh whose indexes served, if any.
+
+    Raises:
+        ValueError: an empty question, `k < 1`, both `system` and `promoted`, a system with no
+            runs in the store (or not in `config`), or `promoted` when nothing was promoted.
+        RuntimeError: `config` has not built that system yet, or the promoted encoder has no
+            index and runs yet.
+        MissingStoreError: the root does not exist.
+
+    Examples:
+        ```python
+        from flows.search import search
+
+        result = search("Who gave their name to Normandy?", system="bm25", k=5)
+        for hit in result.hits:
+            print(hit.rank, round(hit.score, 2), hit.title, hit.pid)
+        ```
     """
     if not question or not question.strip():
         raise ValueError("search: the question is empty")
@@ -92,8 +123,23 @@ def search(question: str, system: str | None = None, *, promoted: bool = False, 
 # ------------------------------------------------------------------------------- promotion
 def promote(version: str, *, root: str | Path | None = None, note: str | None = None,
             store: ArtifactStore | None = None) -> dict:
-    """Record `version` (a dense_model version, a unique prefix of one, or `dense_model:VERSION`)
-    as the encoder that serves searches; returns the catalog's promotion record."""
+    """Record a trained encoder as the one that serves searches and corpus refreshes
+    (`pforge promote VERSION`).
+
+    Args:
+        version: a dense_model version, a unique prefix of one, or `dense_model:VERSION`.
+        root: the artifact root (default: `$PFORGE_HOME`, else `./artifacts`); it must exist.
+        note: why, kept with the promotion.
+        store: an open store, instead of `root`.
+
+    Returns:
+        The promotion record, with seq, stage, version, promoted_at, note and the system that
+        trained the encoder.
+
+    Raises:
+        ValueError: no dense_model version matches, or several do.
+        RuntimeError: the artifact has no `model/` folder to serve.
+    """
     store = store or ArtifactStore(resolve_root(str(root) if root is not None else None), create=False)
     artifact = resolve_model(store, version)
     if not (artifact.path / "model").is_dir():
@@ -104,12 +150,14 @@ def promote(version: str, *, root: str | Path | None = None, note: str | None = 
 
 
 def promotions(store: ArtifactStore) -> list[dict]:
-    """The catalog's promotions, oldest first."""
+    """The catalog's promotions, oldest first (`pforge promote` without a version): dicts of
+    seq, stage, version, promoted_at and note. The last one is in force."""
     table = store.sql("SELECT seq, stage, version, promoted_at, note FROM promotions ORDER BY seq")
     return table.to_pylist()
 
 
 def latest_promotion(store: ArtifactStore, stage: str = MODEL_STAGE) -> str | None:
+    """The version promoted last for `stage`, or None when nothing was promoted."""
     rows = store.sql("SELECT version FROM promotions WHERE stage = $1 ORDER BY seq DESC LIMIT 1", [stage])
     return rows.column(0)[0].as_py() if rows.num_rows else None
 

@@ -11,7 +11,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.ui_artifacts import StageProgress, artifact_key, publish_summary
+from flows.ui_artifacts import StageProgress, artifact_key, embed_images, publish_summary
 from storage import Artifact, ArtifactStore
 from tasks.engine import Stage, run_stage
 from tasks.progress import listening
@@ -24,7 +24,7 @@ def _publish_evaluation(config_name: str):
         import pyarrow.parquet as pq
 
         key = artifact_key(config_name, "evaluation")
-        create_markdown_artifact(key=key, markdown=(out / "report.md").read_text(encoding="utf-8"),
+        create_markdown_artifact(key=key, markdown=embed_images((out / "report.md").read_text(encoding="utf-8"), out),
                                  description=f"evaluation report of {config_name}")
         metrics = pq.read_table(out / "data" / "metrics").to_pylist()
         create_table_artifact(key=f"{key}-metrics", table=metrics, description=f"metrics of {config_name}")

@@ -97,8 +97,30 @@ def _cell(value) -> str:
 
 
 def _embedded(png: Path) -> str:
-    data = base64.b64encode(png.read_bytes()).decode("ascii")
-    return f"![{png.name}](data:image/png;base64,{data})\n"
+    return f"![{png.name}]({_data_uri(png)})\n"
+
+
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+_PNG_LINK = re.compile(r"!\[([^\]]*)\]\(([^()\s]+\.png)\)")
+
+
+def embed_images(markdown: str, folder: Path) -> str:
+    """`markdown` (a report.md) with its relative PNG links (`![alt](figures/x.png)`, files under
+    `folder`) as data URIs, since the UI cannot read the store's files. A link to anything else, to
+    a file outside `folder`, to a missing one or to one over MAX_IMAGE_BYTES stays as it is."""
+    root = Path(folder).resolve()
+
+    def embed(match: re.Match) -> str:
+        alt, target = match.groups()
+        png = (root / target).resolve()
+        if ":" in target or not png.is_relative_to(root) or not png.is_file() or png.stat().st_size > MAX_IMAGE_BYTES:
+            return match.group(0)
+        return f"![{alt}]({_data_uri(png)})"
+
+    return _PNG_LINK.sub(embed, markdown)
 
 
 def publish_summary(key: str, stage_name: str, artifact: Artifact, sleep=time.sleep) -> None:

@@ -12,6 +12,8 @@ from .parquet import table_files as _table_files
 
 @dataclass
 class Artifact:
+    """One committed artifact: its folder (`path`) and its manifest (parameters, inputs, tables,
+    rows, stats). `cache_hit` is True when `materialize` found it instead of building it."""
     stage: str
     version: str
     path: Path
@@ -48,16 +50,27 @@ class Artifact:
         return name
 
     def table_files(self, name: str | None = None) -> list[Path]:
+        """The Parquet files of one table, in part order (for DuckDB, pyarrow.dataset, pandas)."""
         files = _table_files(self.path, self._resolve(name))
         if not files:
             raise KeyError(f"{self.stage}/{self.version} has no table {name!r}")
         return files
 
     def read_table(self, name: str | None = None, columns: list[str] | None = None) -> pa.Table:
+        """A table of this artifact as one Arrow table.
+
+        Args:
+            name: the table (`tables` lists them); None: the default table, or the only one.
+            columns: read only these columns.
+
+        Raises:
+            KeyError: the artifact has no such table (or several and no default).
+        """
         files = self.table_files(name)
         # Every part shares the writer's explicit schema, so the first file's schema is the table's.
         dataset = ds.dataset([str(f) for f in files], format="parquet")
         return dataset.to_table(columns=columns)
 
     def subdir(self, name: str) -> Path:
+        """A folder inside the artifact, e.g. `model` or `index`."""
         return self.path / name

@@ -146,6 +146,12 @@ def row_from_manifest(manifest: dict, path: Path) -> dict:
 
 
 class Catalog:
+    """`<root>/catalog.duckdb`, the index of the store's manifests (see the module's notes).
+
+    `ArtifactStore` owns one (`store.catalog`) and rebuilds it after every commit; readers use
+    `query` (or `ArtifactStore.sql`), or open the file read-only with DuckDB themselves.
+    """
+
     def __init__(self, root: Path):
         self.root = Path(root)
         self.path = self.root / CATALOG_FILE
@@ -154,6 +160,8 @@ class Catalog:
     # -- reading ----------------------------------------------------------------------
     @contextmanager
     def read(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only DuckDB connection to the catalog file as it is now, closed on exit. Trusted
+        callers only: user SQL goes through `query`, which sandboxes it."""
         # A fresh read-only connection per call: it sees the file as renamed in at that moment.
         con = duckdb.connect(str(self.path), read_only=True)
         try:
@@ -189,7 +197,19 @@ class Catalog:
             yield con
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:
-        """One read-only statement (SELECT, SHOW, DESCRIBE, EXPLAIN, PRAGMA, CALL) in the sandbox."""
+        """One read-only statement (SELECT, SHOW, DESCRIBE, EXPLAIN, PRAGMA, CALL) in the sandbox.
+
+        Args:
+            sql: the statement; `$1`, `$2`, ... stand for `params`.
+            params: values DuckDB binds to the placeholders.
+
+        Returns:
+            The result as an Arrow table (empty for a statement without rows).
+
+        Raises:
+            CatalogError: several statements, a write, bad SQL, an unknown view or a missing
+                parameter (one line: DuckDB's first).
+        """
         statement = _one_statement(sql)
         try:
             with self.sandboxed() as con:

@@ -139,7 +139,18 @@ class ParquetTableWriter:
 
 def write_table(tmp_dir: Path, table: pa.Table, name: str | None = None,
                 rows_per_file: int = DEFAULT_ROWS_PER_FILE) -> int:
-    """Write a whole in-memory table (schema taken from it). Returns rows written."""
+    """Write a whole in-memory table into a build folder (schema taken from it).
+
+    Args:
+        tmp_dir: the folder a stage's builder was given.
+        table: the rows.
+        name: None for the stage's default table (`data/part-*.parquet`), else a named table
+            (`data/<name>/part-*.parquet`, a catalog view of that name).
+        rows_per_file: start a new part file after this many rows.
+
+    Returns:
+        The number of rows written.
+    """
     with ParquetTableWriter(tmp_dir, table.schema, name=name, rows_per_file=rows_per_file) as w:
         w.write_batch(table)
     return w.rows

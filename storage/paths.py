@@ -14,7 +14,15 @@ TRASH_PREFIX = ".trash-"  # gc renames here first so a removed version vanishes 
 
 
 def resolve_root(cli_root: str | None = None) -> Path:
-    """--root DIR wins, then $PFORGE_HOME, then ./artifacts; always absolute."""
+    """The artifact root every `pforge` command uses: `--root DIR` wins, then `$PFORGE_HOME`,
+    then `./artifacts` (relative to the working directory); `~` expanded, always absolute.
+
+    Args:
+        cli_root: the `--root` value, or None when it was not given.
+
+    Returns:
+        The root folder, which may not exist yet (`ArtifactStore` decides whether to create it).
+    """
     raw = cli_root or os.environ.get(ENV_HOME) or "artifacts"
     return Path(raw).expanduser().resolve()
 

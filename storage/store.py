@@ -39,9 +39,34 @@ class MissingStoreError(FileNotFoundError):
 
 
 class ArtifactStore:
+    """The artifact store under one root folder: `<root>/<stage>/<version>/` holds an artifact's
+    `data/*.parquet` (or `model/`, `index/`) and its `manifest.json`; `<root>/catalog.duckdb` is
+    the DuckDB index of every manifest, with a view per table of each stage's latest version.
+
+    Open one store per process (or flow run) and pass it around: opening scans the manifests,
+    removes the leftovers of builds that died and rebuilds the catalog if it is stale.
+
+    Examples:
+        ```python
+        from storage import ArtifactStore, resolve_root
+
+        store = ArtifactStore(resolve_root(None), create=False)  # --root, $PFORGE_HOME, ./artifacts
+        passages = store.latest("passages").read_table()
+        store.sql("SELECT split, count(*) FROM questions GROUP BY 1")
+        ```
+    """
+
     def __init__(self, root: Path | str, create: bool = True):
-        """Open the store at `root`. `create=False` (commands that only read, promote or gc) refuses
-        a missing root instead of making an empty store there."""
+        """Open the store at `root`.
+
+        Args:
+            root: the artifact root (`~` is expanded; kept absolute).
+            create: make the folder when it is missing. `False` (commands that only read, promote
+                or gc) refuses a missing root instead of making an empty store there.
+
+        Raises:
+            MissingStoreError: `create=False` and `root` is not a folder.
+        """
         self.root = Path(root).expanduser().resolve()
         if not create and not self.root.is_dir():
             what = "is not a folder" if self.root.exists() else "does not exist"
@@ -132,6 +157,11 @@ class ArtifactStore:
         return Artifact(stage=stage, version=version, path=vdir, manifest=manifest, cache_hit=cache_hit)
 
     def get(self, stage: str, version: str) -> Artifact | None:
+        """The committed artifact `stage`/`version`, or None when the store does not hold it.
+
+        This is what "built" means (`pforge plan`, a cache hit in `pforge run`): the version's
+        folder holds a manifest that names it. A name that is not a plain folder name (a path,
+        `..`) is never found."""
         # The folder is the truth (a committed folder is complete even before its catalog row).
         return self._load(stage, version)
 
@@ -167,6 +197,7 @@ class ArtifactStore:
                          "STAGE:VERSION or a version")
 
     def stages_of(self, version: str) -> list[str]:
+        """The stages that hold an artifact of this exact version (as the store last scanned)."""
         return sorted(s for s, v in self._index if v == version)
 
     def list_artifacts(self, stage: str | None = None) -> list[dict]:
@@ -177,11 +208,30 @@ class ArtifactStore:
         return sorted(rows, key=lambda r: (r["created_at"], r["stage"], r["version"]))
 
     def sql(self, query: str, params: list | None = None) -> pa.Table:
-        """Run read-only SQL over the catalog; values go in `params`, bound by DuckDB."""
+        """Run one read-only statement over the catalog, as `pforge sql` does.
+
+        Args:
+            query: SELECT, SHOW, DESCRIBE, EXPLAIN, PRAGMA or CALL over the `artifacts` and
+                `promotions` tables and the views (`passages`, `metrics`, `negatives`, ...).
+            params: values for `$1`, `$2`, ... bound by DuckDB (never format values into `query`).
+
+        Returns:
+            The result as an Arrow table.
+
+        Raises:
+            CatalogError: bad SQL, an unknown view, a missing parameter, or a statement that writes.
+        """
         return self.catalog.query(query, params)
 
     def lineage(self, stage: str, version: str) -> list[dict]:
-        """The artifact and every transitive input, breadth-first, each once at its smallest depth."""
+        """The artifact and every transitive input, breadth-first, each once at its smallest depth
+        (`pforge artifacts --lineage`).
+
+        Returns:
+            One dict per artifact, with stage, version, parameters, inputs, code_version,
+            created_at, path and depth (0 for the artifact itself). An input no longer in the store
+            (removed by gc) has `missing` set and no parameters.
+        """
         out: list[dict] = []
         seen: set[tuple[str, str]] = set()
         frontier: list[tuple[str | None, str, int]] = [(stage, version, 0)]
@@ -211,7 +261,25 @@ class ArtifactStore:
                     build: BuildFn, progress: Progress | None = None) -> Artifact:
         """Return the artifact for (stage, code_version, params, inputs), building it if absent.
 
-        `progress`, if given, is called with short status strings (cache hit, building, committed).
+        The version is the content hash of the four; when it exists the call is a cache hit and
+        `build` is not called. Otherwise `build(folder)` writes into a temporary folder, which is
+        committed atomically (manifest, fsync, rename, catalog) under a lock, so concurrent writers
+        of one version build it once.
+
+        Args:
+            stage: the artifact's stage name (a folder and a catalog view: letters, digits, `_`, `-`).
+            code_version: bump it when the builder's output for the same inputs changes.
+            params: the builder's parameters, as JSON values (recorded in the manifest).
+            inputs: input name -> an `Artifact`, a version string or `{stage, version}`.
+            build: writes the artifact into the folder it is given (Parquet through
+                `write_table`); may return `{"stats": ...}` and other manifest extras.
+            progress: called with short status strings (cache hit, building, committed).
+
+        Returns:
+            The committed artifact; `cache_hit` says whether it was already there.
+
+        Raises:
+            StoreWriteError: the disk filled while building or committing (nothing is registered).
         """
         paths.check_name("stage", stage)
         say = progress or (lambda _msg: None)

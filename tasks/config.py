@@ -17,7 +17,8 @@ from tasks.negatives.stages import NegativesConfig
 from tasks.qgen.stages import QgenConfig
 from tasks.pretrain.stages import PretrainConfig, check_pretrain_config
 from tasks.rerank.stages import RerankConfig
-from tasks.silver.stages import CrossEncoderConfig, SilverConfig
+from tasks.silver.stages import CrossEncoderConfig, SilverConfig, looks_like_path, model_folder
+from tasks.stage_refs import is_reference
 from tasks.refresh.config import RefreshConfig
 from tasks.runners import RunnerConfig
 from tasks.readers.stages import PROJECT_ROOT, BeirSource, DataConfig, QaFile, QaSource, SplitConfig, SquadSource
@@ -155,9 +156,13 @@ class PipelineConfig(_Strict):
     def _known_models(self):
         """Every model a stage will load names one that exists now (an alias, a folder, a hub name
         that is reachable), not a hub URL error minutes into the run."""
-        refs = [("qgen.generator", self.qgen.generator)] if self.qgen else []
+        refs = [("qgen.generator", self.qgen.generator)] if self.qgen and not is_reference(self.qgen.generator, "qgen_model") else []
         refs += [(f"dense.systems.{s.name}.model.base", s.model.base) for s in self.dense.systems] if self.dense else []
         refs += [("cross_encoder.base", self.cross_encoder.base)] if self.cross_encoder else []
+        model = self.cross_encoder.model if self.cross_encoder else None
+        if model and not is_reference(model, "cross_encoder") and not looks_like_path(model) \
+                and not model_folder(model, self._config_dir).is_dir():
+            refs.append(("cross_encoder.model", model))  # a hub name (folders are checked when planned)
         refs += [(f"pretrain.{p.name}.base", p.base) for p in self.pretrain]
         for where, name in refs:
             try:
@@ -207,11 +212,12 @@ class PipelineConfig(_Strict):
 
 
 class ConfigError(ValueError):
-    pass
+    """A config that cannot be read or does not validate; the message names the file and the field."""
 
 
 def merge_config(base: dict, override: dict) -> dict:
-    """Mappings merge key by key; anything else (lists included, e.g. dense.systems) replaces."""
+    """`override` over `base`, as `extends:` merges a config over the one it extends: mappings merge
+    key by key; anything else (lists included, e.g. dense.systems) replaces. Neither is modified."""
     merged = dict(base)
     for key, value in override.items():
         merged[key] = merge_config(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
@@ -245,8 +251,35 @@ def _resolved_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def load_config(path: str | Path, smoke: bool = False) -> PipelineConfig:
-    """Read and validate a YAML config (after `extends:`); errors name the file and the offending field.
-    `smoke`: the config under the smoke overlay (tasks/smoke.py), the same stages on little work."""
+    """Read and validate a YAML run configuration.
+
+    The file's `extends:` chain is merged first (a path relative to the file; mappings merge key
+    by key, lists and scalars replace), then the result is validated by `PipelineConfig`: unknown
+    keys, meaningless values and models that do not load are refused here, before anything runs.
+
+    Args:
+        path: the YAML file, e.g. `configs/squad-open.yaml`.
+        smoke: apply the smoke overlay (tasks/smoke.py): the same stages and code paths on a few
+            seconds' work each, as `pforge run --smoke` does.
+
+    Returns:
+        The validated configuration. It remembers the file's folder, where relative `init_from`
+        paths and `other.yaml:STAGE` references start.
+
+    Raises:
+        ConfigError: the file cannot be read, is not a mapping, `extends:` is missing or makes a
+            cycle, or a field is invalid; the message names the file and the field.
+
+    Examples:
+        ```python
+        from flows.registry import plan_for
+        from tasks.config import load_config
+
+        cfg = load_config("configs/tiny.yaml")
+        plan = plan_for(cfg)  # the stages, in run order
+        print(cfg.name, plan.names())
+        ```
+    """
     path = Path(path)
     raw = _resolved_raw(path)
     if smoke:

@@ -109,6 +109,16 @@ class Plan:
             raise ValueError(f"unknown stage {name!r}; stages: {', '.join(self.stages)}")
         return name
 
+    def needed_for(self, name: str) -> set[str]:
+        """`name` and every stage it reads from, directly or not (pinned inputs are built elsewhere)."""
+        needed, todo = set(), [self.resolve_name(name)]
+        while todo:
+            stage = todo.pop()
+            if stage not in needed:
+                needed.add(stage)
+                todo.extend(self.stages[stage].inputs)
+        return needed
+
     def planned_version(self, name: str) -> str:
         """The version `name` would get, computed without building anything (or opening a store)."""
         if name not in self._planned:

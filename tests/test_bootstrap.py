@@ -74,3 +74,33 @@ def test_the_config_refuses_comparisons_of_unknown_systems():
     raw["evaluation"]["compare"] = [["two-stage", "dpr"]]
     with pytest.raises(ValidationError, match=r"\['dpr'\] name no system"):
         PipelineConfig.model_validate(raw)
+
+
+def _runs(system, ranked):
+    rows = [{"qid": q, "pid": p, "rank": r, "score": float(-r), "system": system}
+            for q, pids in ranked.items() for r, p in enumerate(pids, 1)]
+    return pa.Table.from_pylist(rows)
+
+
+def test_qrels_comparisons_resample_the_per_query_ndcg_that_the_metrics_average():
+    """BEIR corpora have no answers: their comparisons resample per-query nDCG@k, the very values
+    ir_metrics averages (a judged query a system misses counts 0)."""
+    from tasks.evaluation.bootstrap import compare_systems_on_qrels
+    from tasks.evaluation.ir_metrics import ir_metrics
+
+    qrels = pa.Table.from_pylist([{"qid": f"q{i}", "pid": f"d{i}", "relevance": 1 + i % 2} for i in range(40)]
+                                 + [{"qid": f"q{i}", "pid": f"e{i}", "relevance": 1} for i in range(40)])
+    split_of = {f"q{i}": ("test" if i < 30 else "dev") for i in range(40)}
+    good = _runs("good", {f"q{i}": [f"d{i}", "x", f"e{i}"] for i in range(40)})
+    poor = _runs("poor", {f"q{i}": ["x", "y", f"d{i}"] for i in range(0, 40, 2)})  # misses half the queries
+    rows = compare_systems_on_qrels({"good": good, "poor": poor}, qrels, split_of, "good", "poor", split="test",
+                                    ks=(10,), samples=1000)
+    metrics = ir_metrics(pa.concat_tables([good, poor]), qrels, split_of)
+    mean = {r["system"]: r["value"] for r in metrics.to_pylist()
+            if r["metric"] == "ndcg_cut" and r["k"] == 10 and r["split"] == "test"}
+    (row,) = rows
+    assert row["questions"] == 30 and row["metric"] == "ndcg_cut"
+    assert row["a"] == pytest.approx(mean["good"], abs=1e-9) and row["b"] == pytest.approx(mean["poor"], abs=1e-9)
+    assert row["low"] > 0 and "nDCG@10" in comparisons_markdown(rows)
+    with pytest.raises(ValueError, match="no run of system 'absent'"):
+        compare_systems_on_qrels({"good": good}, qrels, split_of, "good", "absent")

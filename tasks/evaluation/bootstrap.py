@@ -61,6 +61,40 @@ def compare_systems(results: pa.Table, a: str, b: str, split: str = "test", ks: 
     return rows
 
 
+def compare_systems_on_qrels(runs: dict[str, pa.Table], qrels: pa.Table, split_of: dict[str, str], a: str, b: str,
+                             split: str = "test", metric: str = "ndcg_cut", ks: Sequence[int] = (10,),
+                             samples: int = 10_000, seed: int = 0, level: float = 0.95) -> list[dict]:
+    """One row per k: `metric`@k of `a` minus that of `b` over the judged queries of `split`
+    (corpora judged by qrels, BEIR's: nDCG@10 is their measure), with its paired bootstrap interval."""
+    from tasks.evaluation.ir_metrics import per_query_values
+
+    for system in (a, b):
+        if system not in runs:
+            raise ValueError(f"no run of system {system!r}; systems: {sorted(runs)}")
+    judged = sorted(set(qrels.column("qid").to_pylist()))
+    qids = [q for q in judged if split == "all" or split_of.get(q) == split]
+    if not qids:
+        raise ValueError(f"no judged query of split {split!r} to compare {a!r} and {b!r} on")
+    rows = []
+    for k in ks:
+        values = {s: per_query_values(runs[s], qrels, qids, metric, int(k)) for s in (a, b)}
+        stats = paired_bootstrap(values[a], values[b], samples=samples, seed=seed, level=level)
+        rows.append({"system_a": a, "system_b": b, "split": split, "metric": metric, "k": int(k), **stats})
+    return rows
+
+
+def runs_by_system(runs: Sequence[pa.Table], passages: pa.Table | None = None) -> dict[str, pa.Table]:
+    """system -> its run as the metrics scored it: with `passages` (BEIR's ignore_identical_ids),
+    a retrieved passage of the query's own document dropped."""
+    if passages is not None:
+        from tasks.evaluation.identical_ids import drop_identical_ids
+
+        doc_of = dict(zip(passages.column("pid").to_pylist(), passages.column("doc_id").to_pylist()))
+        runs = [drop_identical_ids(run, doc_of) for run in runs]
+    return {system: run.filter(pc.equal(run.column("system"), system))
+            for run in runs for system in pc.unique(run.column("system")).to_pylist()}
+
+
 def verdict(row: dict) -> str:
     """Whether A beats B: yes when the whole interval is above 0, "no, B is" when it is below."""
     return "yes" if row["low"] > 0 else ("no, B is" if row["high"] < 0 else "not shown")
@@ -74,7 +108,13 @@ def comparisons_markdown(rows: Sequence[dict]) -> str:
     lines = [f"| A | B | split | metric | A | B | A - B | {level}% interval | A better? |",
              "|---|---|---|---|---:|---:|---:|---|---|"]
     for r in rows:
-        lines.append(f"| {r['system_a']} | {r['system_b']} | {r['split']} | top-{r['k']} | {100 * r['a']:.1f} | "
+        lines.append(f"| {r['system_a']} | {r['system_b']} | {r['split']} | {_metric_label(r)} | {100 * r['a']:.1f} | "
                      f"{100 * r['b']:.1f} | {100 * r['difference']:+.1f} | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] "
                      f"| {verdict(r)} |")
     return "\n".join(lines)
+
+
+def _metric_label(row: dict) -> str:
+    from tasks.evaluation.report import column_label
+
+    return f"top-{row['k']}" if row.get("metric", "top_k_accuracy") == "top_k_accuracy" else column_label(row["metric"], row["k"])

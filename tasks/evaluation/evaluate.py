@@ -6,6 +6,7 @@ from typing import Sequence
 
 import pyarrow as pa
 
+from tasks.evaluation.figures import CURVE_K
 from tasks.evaluation.ir_metrics import ir_metrics
 from tasks.evaluation.qa_metrics import carries_answers, first_hit_ranks, qa_accuracy_metrics
 from tasks.evaluation.report import metrics_markdown
@@ -17,7 +18,9 @@ def evaluate_runs(questions: pa.Table, passages: pa.Table, gold: pa.Table, runs:
                   ignore_identical_ids: bool = False, gold_stats: dict | None = None) -> tuple[pa.Table, pa.Table, str]:
     """Top-k answer accuracy (when questions carry answers) and qrels metrics (when gold exists).
     With `ignore_identical_ids`, a retrieved passage of the query's own document is dropped first
-    (BEIR's `ignore_identical_ids`: for corpora whose queries are documents too)."""
+    (BEIR's `ignore_identical_ids`: for corpora whose queries are documents too). First hits are
+    looked for down to rank max(ks) or CURVE_K (100), the deeper: the report's top-k curve and
+    comparisons at any k up to there read them from the per-question results."""
     has_answers = carries_answers(questions)
     split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
     passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
@@ -30,7 +33,7 @@ def evaluate_runs(questions: pa.Table, passages: pa.Table, gold: pa.Table, runs:
     for run in runs:
         run_questions, run_gold = _on_splits_run(run, questions, gold, split_of)
         if has_answers:
-            per_question = first_hit_ranks(run, passage_text, run_questions, match_type, max(ks))
+            per_question = first_hit_ranks(run, passage_text, run_questions, match_type, max(*ks, CURVE_K))
             results.append(per_question)
             metrics.append(qa_accuracy_metrics(per_question, tuple(ks)))
         if run_gold.num_rows:

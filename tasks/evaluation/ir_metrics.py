@@ -127,3 +127,24 @@ def ir_metrics(runs: pa.Table, qrels: pa.Table, split_of: Mapping[str, str] | No
                 mean = sum(values.get(q, 0.0) for q in members) / len(members)
                 rows.append((system, metric, k, mean, split))
     return _metrics_table(rows)
+
+
+#: trec_eval measure and result key of the metrics a paired comparison can resample.
+PER_QUERY_MEASURES = {"ndcg_cut": ("ndcg_cut.{k}", "ndcg_cut_{k}"), "recall": ("recall.{k}", "recall_{k}"),
+                      "P": ("P.{k}", "P_{k}"), "mrr": ("recip_rank", "recip_rank")}
+
+
+def per_query_values(runs: pa.Table, qrels: pa.Table, qids: Sequence[str], metric: str, k: int) -> list[float]:
+    """`metric`@k of one system's run for each of `qids`, in order, computed as `ir_metrics`
+    averages it (a judged query the run misses scores 0): what a paired bootstrap resamples."""
+    if metric not in PER_QUERY_MEASURES:
+        raise ValueError(f"per-query {metric!r} is not supported; choose one of {sorted(PER_QUERY_MEASURES)}")
+    systems = run_dicts(runs)
+    if len(systems) != 1:
+        raise ValueError(f"per-query values take one system's run, got {sorted(systems)}")
+    run = next(iter(systems.values()))
+    measure, key = (part.format(k=int(k)) for part in PER_QUERY_MEASURES[metric])
+    if metric == "mrr":
+        run = _truncate(run, int(k))
+    scored = _evaluate(qrels_dict(qrels), run, {measure})
+    return [float(scored.get(str(q), {}).get(key, 0.0)) for q in qids]

@@ -1,6 +1,9 @@
 """Evaluation family: the `evaluation:` config section and the evaluate stage, which scores every
 system that produces runs on the same questions (answer-match accuracy, qrels metrics) and writes
-the per-question results, the metrics table and a report."""
+the per-question results, the metrics table and a report. The report's figures (figures/*.png,
+linked from report.md): every system's top-k accuracy (or, qrels only, Recall@k) at k = 1..100,
+the paired comparisons as a forest plot, and the loss and dev-metric curves of every trained model
+it reads (train:NAME, pretrain:NAME, cross_encoder: their training/history.json)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +26,9 @@ class EvalConfig(BaseModel):
         "pairs of systems [A, B] whose top-k differences get paired bootstrap intervals in the report"))
     compare_split: str = Field("test", description="the questions the comparisons resample")
     compare_ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 20], min_length=1)
+    compare_metric: Literal["auto", "top_k_accuracy", "ndcg_cut", "recall", "mrr", "P"] = Field(
+        "auto", description="what the comparisons resample per question: 'auto' is top-k answer accuracy when the "
+                            "questions carry answers, else nDCG@k on the qrels (BEIR's measure)")
     bootstrap_samples: int = Field(10_000, ge=100, description="bootstrap resamples per comparison")
     bootstrap_seed: int = 0
     ignore_identical_ids: Optional[bool] = Field(
@@ -39,6 +45,7 @@ class EvaluateParams(StageParams):
     compare: list[tuple[str, str]] = []
     compare_split: str = "test"
     compare_ks: list[int] = [1, 20]
+    compare_metric: str = "auto"
     bootstrap_samples: int = 10_000
     bootstrap_seed: int = 0
 
@@ -46,24 +53,31 @@ class EvaluateParams(StageParams):
 def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from tasks.evaluation.evaluate import evaluate_runs
 
+    questions, gold = inputs["ingest_questions"].read_table("questions"), inputs["link_gold"].read_table()
+    passages = inputs["chunk"].read_table(columns=["pid", "doc_id", "text"])
+    runs = [inputs[name].read_table() for name in params.runs]
     results, metrics, report = evaluate_runs(
-        inputs["ingest_questions"].read_table("questions"), inputs["chunk"].read_table(columns=["pid", "doc_id", "text"]),
-        inputs["link_gold"].read_table(), [inputs[name].read_table() for name in params.runs],
+        questions, passages, gold, runs,
         title=params.title, ks=params.ks, match_type=params.match_type, ignore_identical_ids=params.ignore_identical_ids,
         gold_stats=inputs["link_gold"].manifest.get("stats", {}))
+    report += curve_section(params, questions, passages, gold, runs, results, out)
     if "synthetic_queries" in inputs:
         report += synthetic_queries_section(inputs["synthetic_queries"].manifest.get("stats", {}))
     if "cross_encoder" in inputs:
         report += cross_encoder_section(inputs["cross_encoder"].manifest.get("stats", {}))
     if "pairs:silver" in inputs:
         report += silver_section(inputs["pairs:silver"].manifest.get("stats", {}))
-    comparisons = _comparisons(params, results)
+    report += _queries_and_teacher(inputs)
+    comparisons = _comparisons(params, results, questions, passages, gold, runs)
     if comparisons.num_rows:
         from tasks.evaluation.bootstrap import comparisons_markdown
 
-        report += (f"\n## Paired comparisons\n\nTop-k accuracy of A minus B over the {params.compare_split} questions, "
+        measured = "Top-k accuracy" if comparisons.column("metric")[0].as_py() == "top_k_accuracy" else "The metric"
+        report += (f"\n## Paired comparisons\n\n{measured} of A minus B over the {params.compare_split} questions, "
                    f"with the {params.bootstrap_samples:,}-resample paired bootstrap interval; \"A better?\" is yes "
                    f"when the whole interval is above 0.\n\n{comparisons_markdown(comparisons.to_pylist())}\n")
+        report += comparisons_chart(comparisons.to_pylist(), out)
+    report += training_section(inputs, out)
     write_table(out, comparisons, name="comparisons")
     write_table(out, results, name="question_results")
     write_table(out, metrics, name="metrics")
@@ -71,16 +85,112 @@ def build_evaluation(params: EvaluateParams, inputs: dict[str, Artifact], out: P
     return {"stats": {"systems": sorted(set(metrics.column("system").to_pylist()))}}
 
 
-def _comparisons(params: EvaluateParams, results):
+def _comparisons(params: EvaluateParams, results, questions, passages, gold, runs):
+    """The paired bootstrap rows of every configured [A, B]: on first-hit ranks (top-k answer
+    accuracy), or on per-query qrels metrics (nDCG@k by default where questions carry no answers)."""
     import pyarrow as pa
 
-    from tasks.evaluation.bootstrap import compare_systems
+    from tasks.evaluation.bootstrap import compare_systems, compare_systems_on_qrels, runs_by_system
     from tasks.schemas import COMPARISONS
 
-    rows = [row for a, b in params.compare
-            for row in compare_systems(results, a, b, params.compare_split, params.compare_ks,
-                                       params.bootstrap_samples, params.bootstrap_seed)]
+    metric = params.compare_metric
+    if metric == "auto":
+        metric = "top_k_accuracy" if results.num_rows else "ndcg_cut"
+    rows = []
+    if params.compare and metric == "top_k_accuracy":
+        rows = [row for a, b in params.compare
+                for row in compare_systems(results, a, b, params.compare_split, params.compare_ks,
+                                           params.bootstrap_samples, params.bootstrap_seed)]
+    elif params.compare:
+        by_system = runs_by_system(runs, passages if params.ignore_identical_ids else None)
+        split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
+        rows = [row for a, b in params.compare
+                for row in compare_systems_on_qrels(by_system, gold, split_of, a, b, params.compare_split, metric,
+                                                    params.compare_ks, params.bootstrap_samples, params.bootstrap_seed)]
     return pa.Table.from_pylist(rows, schema=COMPARISONS) if rows else COMPARISONS.empty_table()
+
+
+FIGURES = "figures"  # the report's PNGs, beside report.md in the artifact; linked relatively
+TRAINED = ("train:", "pretrain:")  # stages whose record (training/history.json) the report draws; and cross_encoder
+
+
+def curve_split(params: EvaluateParams, questions) -> str:
+    """The questions the top-k curve is drawn over: those the comparisons resample when that split
+    exists, else all."""
+    return params.compare_split if params.compare_split in set(questions.column("split").to_pylist()) else "all"
+
+
+def curve_section(params: EvaluateParams, questions, passages, gold, runs, results, out: Path) -> str:
+    """Top-k accuracy of every system at k = 1..100 (answer-match evaluations) or, for qrels-only
+    ones (BEIR), Recall@k; one PNG and its report section."""
+    from tasks.evaluation import figures
+
+    split = curve_split(params, questions)
+    which = "all the" if split == "all" else f"the {split}"
+    if results.num_rows:
+        curves = figures.topk_accuracy_curves(results, split)
+        ylabel, what = "top-k accuracy", f"Share of {which} questions with an answer in the top k passages"
+    else:
+        if params.ignore_identical_ids:
+            from tasks.evaluation.identical_ids import drop_identical_ids
+
+            doc_of = dict(zip(passages.column("pid").to_pylist(), passages.column("doc_id").to_pylist()))
+            runs = [drop_identical_ids(run, doc_of) for run in runs]
+        curves = figures.recall_curves(runs, questions, gold, split)
+        ylabel, what = "Recall@k", f"Recall@k over {'all the judged' if split == 'all' else f'the judged {split}'} queries"
+    if not curves:
+        return ""
+    name = "top_k_accuracy.png" if results.num_rows else "recall_at_k.png"
+    figures.plot_curves(curves, out / FIGURES / name, ylabel=ylabel,
+                        title=f"{ylabel}, {which} {'questions' if results.num_rows else 'queries'}, k = 1..{figures.CURVE_K}")
+    return (f"\n## {ylabel[0].upper() + ylabel[1:]} curve\n\n{what}, k = 1..{figures.CURVE_K}, every system "
+            f"(log k axis).\n\n![{ylabel} at k = 1..{figures.CURVE_K}]({FIGURES}/{name})\n")
+
+
+def comparisons_chart(rows: list[dict], out: Path) -> str:
+    from tasks.evaluation.figures import plot_comparisons
+
+    if not rows:
+        return ""
+    plot_comparisons(rows, out / FIGURES / "comparisons.png")
+    return f"\n![paired comparisons: A - B with its interval]({FIGURES}/comparisons.png)\n"
+
+
+def training_section(inputs: dict[str, Artifact], out: Path) -> str:
+    """Loss and dev-metric curves of every trained model the evaluation read (train:NAME,
+    pretrain:NAME, cross_encoder), from the history.json its artifact keeps."""
+    from tasks.evaluation import figures
+
+    parts = []
+    for name, artifact in inputs.items():
+        if not (name.startswith(TRAINED) or name == "cross_encoder"):
+            continue
+        record = figures.read_history(artifact.path / "training" / "history.json")
+        series = figures.training_series(record) if record else None
+        if not series or not series["steps"]:
+            continue
+        png = figures.figure_name(name)
+        figures.plot_training(series, out / FIGURES / png, title=f"{name}: training")
+        line = f"{len(series['steps']):,} steps, final loss {series['loss'][-1]:.4f}"
+        if series["dev"]:
+            best = series["best_step"]
+            kept = series["dev"][series["dev_steps"].index(best)] if best in series["dev_steps"] else None
+            line += (f"; {figures.metric_label(series['dev_metric'])} at {len(series['dev'])} evaluations"
+                     + (f", kept step {best} ({kept:.4f})" if kept is not None else ""))
+        what = "loss and dev metric" if series["dev"] else "loss"
+        parts.append(f"### {name}\n\n{line}.\n\n![{name}: {what}]({FIGURES}/{png})\n")
+    return "\n## Training curves\n\n" + "\n".join(parts) if parts else ""
+
+
+def _queries_and_teacher(inputs: dict[str, Artifact]) -> str:
+    """Issue 25's account: the teacher's origin, the round trip, the teacher's scores per distilled student."""
+    from tasks.evaluation.adaptation_report import adaptation_section
+
+    def stats(name):
+        return inputs[name].manifest.get("stats", {}) if name in inputs else {}
+    students = {name.split(":", 1)[1]: stats(name)["teacher"] for name in inputs
+                if name.startswith("train:") and stats(name).get("teacher")}
+    return adaptation_section(stats("cross_encoder"), stats("pairs:synthetic"), students)
 
 
 def synthetic_queries_section(stats: dict) -> str:
@@ -100,7 +210,11 @@ def synthetic_queries_section(stats: dict) -> str:
 
 
 def cross_encoder_section(stats: dict) -> str:
-    """Paper 001 table 2's shape: the classifier against the majority baseline and the dual encoder."""
+    """Paper 001 table 2's shape: the classifier against the majority baseline and the dual encoder
+    (nothing for a classifier imported from another run: "Generated queries and the teacher" names it)."""
+    if stats.get("imported_from"):
+        return ""
+
     def cell(value):
         return "-" if value is None else f"{100 * value:.1f}"
 
@@ -136,11 +250,13 @@ def silver_section(stats: dict) -> str:
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     runs = [s.name for s in earlier if s.produces_runs]
-    reports = [s.name for s in earlier if s.name in ("synthetic_queries", "cross_encoder", "pairs:silver")]
+    reports = [s.name for s in earlier if s.name in ("synthetic_queries", "pairs:synthetic", "cross_encoder", "pairs:silver")]
+    trained = [s.name for s in earlier if s.name.startswith(TRAINED)]  # their training curves
     e = cfg.evaluation
     ignore = e.ignore_identical_ids if e.ignore_identical_ids is not None else cfg.data.beir is not None
     params = EvaluateParams(title=cfg.name, ks=e.ks, match_type=e.match_type, ignore_identical_ids=ignore, runs=runs,
                             compare=e.compare, compare_split=e.compare_split, compare_ks=e.compare_ks,
+                            compare_metric=e.compare_metric,
                             bootstrap_samples=e.bootstrap_samples, bootstrap_seed=e.bootstrap_seed)
-    return [Stage("evaluate", "evaluation", "3", ("ingest_questions", "chunk", "link_gold", *runs, *reports), params,
-                  build_evaluation)]
+    return [Stage("evaluate", "evaluation", "4", ("ingest_questions", "chunk", "link_gold", *runs, *reports, *trained),
+                  params, build_evaluation)]

@@ -5,6 +5,7 @@ Every strategy writes the same table (qid, pid, strategy, rank, score, text), wh
 reads as data."""
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +21,7 @@ from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
+from tasks.dense.stages import EncodeSettings, Origin
 from tasks.silver.stages import ScoringSettings
 
 logger = logging.getLogger("passage_forge")
@@ -31,6 +33,9 @@ class RunNegativesConfig(BaseModel):
     depth: int = Field(100, ge=1, description="M: candidates mined per question (before filtering)")
     filter_answers: bool = Field(True, description="drop passages that contain an answer (paper 003 section 4.1)")
     splits: list[str] = Field(default_factory=lambda: ["train"], description="splits whose questions are mined")
+    # Issue 25 (GPL's recipe, papers 002/003's queries): a corpus without questions trains on the
+    # generated queries, so they need negatives of their own; the query's own passage is its gold.
+    synthetic: bool = Field(False, description="also mine for the generated queries (pairs:synthetic; needs qgen:)")
 
 
 class RandomNegativesConfig(RunNegativesConfig):
@@ -85,8 +90,19 @@ class NegativesConfig(BaseModel):
         return out
 
 
+class SyntheticMining(BaseModel):
+    """How the generated queries (pairs:synthetic) are searched: BM25's parameters (bm25 source),
+    or the dense miner's encoder (it encodes them; its question vectors exist, theirs do not)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    bm25_k1: Optional[float] = None
+    bm25_b: Optional[float] = None
+    miner_origin: Optional[Origin] = None
+    miner_encode: Optional[EncodeSettings] = None
+
+
 class MineParams(StageParams):
-    RUNTIME = frozenset({"shard_size", "questions_per_shard", "judge_shard_size", "runner"})
+    RUNTIME = frozenset({"shard_size", "questions_per_shard", "judge_shard_size", "runner",
+                         "synthetic.miner_origin.init_path"})
     strategy: str
     source: str             # bm25_search, random, or search:SYSTEM
     depth: int
@@ -100,6 +116,14 @@ class MineParams(StageParams):
     judge_shard_size: int = 20000
     judge_scoring: Optional[ScoringSettings] = None  # how the cross_encoder judges (with drop_relevant_above)
     runner: RunnerConfig = LOCAL
+    synthetic: Optional[SyntheticMining] = None     # the generated queries are mined too
+
+    def hashed(self) -> dict:
+        # Absent, `synthetic` stays out of the hash: versions built before it existed still match.
+        out = super().hashed()
+        if out.get("synthetic") is None:
+            out.pop("synthetic", None)
+        return out
 
 
 def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
@@ -109,24 +133,56 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
     from tasks.negatives.mining import filter_candidates, random_candidates, run_candidates
 
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
-    questions = questions.filter(pc.is_in(questions.column("split"), value_set=pa.array(params.splits)))
+    questions = questions.filter(pc.is_in(questions.column("split"), value_set=pa.array(params.splits, pa.string())))
+    gold = inputs["link_gold"].read_table().select(["qid", "pid"])
+    synthetic = None
+    if params.synthetic is not None:
+        synthetic = synthetic_queries_as_questions(inputs["pairs:synthetic"].read_table(columns=["qid", "query", "pid"]))
+        gold = pa.concat_tables([gold, synthetic.select(["qid", "pid"]).cast(gold.schema)])
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
     text_of = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
     if params.source == "random":
-        candidates = random_candidates(questions.column("qid").to_pylist(), passages.column("pid").to_pylist(),
+        mined = questions if synthetic is None else pa.concat_tables([questions, synthetic.drop_columns(["pid"])])
+        candidates = random_candidates(mined.column("qid").to_pylist(), passages.column("pid").to_pylist(),
                                        params.depth, params.seed or 0)
     elif params.source.startswith("search:"):
-        candidates = _dense_candidates(params, inputs, questions, work)
+        candidates = _dense_candidates(params, inputs, questions, work, synthetic)
     else:
         candidates = run_candidates(inputs[params.source].read_table(), questions.column("qid"), params.depth)
+        if synthetic is not None:  # the generated queries have no run: BM25 searches them here
+            candidates = itertools.chain(candidates, _bm25_candidates(params, inputs, synthetic))
+    if synthetic is not None:
+        questions = pa.concat_tables([questions, synthetic.drop_columns(["pid"])])
     judge = _relevance_judge(params, inputs, work) if params.drop_relevant_above is not None else None
-    negatives, counts = filter_candidates(candidates, questions, text_of, inputs["link_gold"].read_table(),
+    negatives, counts = filter_candidates(candidates, questions, text_of, gold,
                                           params.strategy, params.filter_answers, params.match_type, is_relevant=judge)
     write_table(out, negatives)
     logger.info("negatives:%s: %d kept of %d candidates (%.1f%% filtered)", params.strategy, counts["kept"],
                 counts["candidates"], 100 * counts["filtered_share"])
+    mined_synthetic = {"synthetic_queries": synthetic.num_rows} if synthetic is not None else {}
     return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows,
-                      "filtering": counts, **runner_stats(params.runner)}}
+                      **mined_synthetic, "filtering": counts, **runner_stats(params.runner)}}
+
+
+def synthetic_queries_as_questions(pairs: pa.Table) -> pa.Table:
+    """pairs:synthetic as question rows (qid, question, answers, split, pid): no answer strings
+    (nothing to filter by answer); the passage each was written from is its gold."""
+    n = pairs.num_rows
+    return pa.table({"qid": pairs.column("qid"), "question": pairs.column("query"),
+                     "answers": pa.array([[]] * n, pa.list_(pa.string())), "split": pa.array(["synthetic"] * n),
+                     "pid": pairs.column("pid")})
+
+
+def _bm25_candidates(params: MineParams, inputs: dict[str, Artifact], synthetic: pa.Table):
+    """BM25's top `depth` for each generated query, as for questions (its own passage is then
+    dropped as gold)."""
+    from tasks.bm25.search import bm25_search
+    from tasks.negatives.mining import run_candidates
+
+    items = list(zip(synthetic.column("qid").to_pylist(), synthetic.column("question").to_pylist()))
+    runs = bm25_search(inputs["bm25_index"].subdir("index"), items, k=params.depth, k1=params.synthetic.bm25_k1,
+                       b=params.synthetic.bm25_b, system="bm25")
+    return run_candidates(runs, synthetic.column("qid"), params.depth)
 
 
 def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:
@@ -210,7 +266,28 @@ CANDIDATES = pa.schema([("qid", pa.string()), ("pid", pa.string()), ("rank", pa.
 CANDIDATE_COLUMNS = CANDIDATES.names
 
 
-def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table, work: Path):
+def _synthetic_vectors(params: MineParams, inputs: dict[str, Artifact], synthetic: pa.Table, work: Path) -> pa.Table:
+    """The generated queries encoded by the miner's encoder (kept in `work`: a resumed build
+    does not encode them again)."""
+    import pyarrow.parquet as pq
+
+    from storage.shards import write_shard
+    from tasks.dense.encode import query_vectors_table
+
+    done = work / "synthetic_vectors.parquet"
+    if not done.exists():
+        how = params.synthetic
+        settings, device = how.miner_encode, how.miner_encode.device("auto")
+        model = settings.for_inference(how.miner_origin.load(inputs), device)
+        logger.info("negatives:%s: encoding %d generated queries", params.strategy, synthetic.num_rows)
+        vectors = settings.encode(model, synthetic.column("question").to_pylist(), "query", device,
+                                  log=lambda m: logger.info("negatives:%s: %s", params.strategy, m))
+        write_shard(done, query_vectors_table(synthetic.column("qid").to_pylist(), vectors))
+    return pq.read_table(done)
+
+
+def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions: pa.Table, work: Path,
+                      synthetic: Optional[pa.Table] = None):
     import pyarrow.parquet as pq
 
     from storage.parquet import parquet_rows
@@ -220,6 +297,8 @@ def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions
     wanted = questions.column("qid")
     vectors = inputs[params.source].read_table(QUERY_VECTORS)
     vectors = vectors.filter(pc.is_in(vectors.column("qid"), value_set=wanted)).select(["qid", "vector"])
+    if synthetic is not None:
+        vectors = pa.concat_tables([vectors, _synthetic_vectors(params, inputs, synthetic, work).cast(vectors.schema)])
     queries = write_shard(work / "queries.parquet", vectors)  # what every shard reads its questions from
     passages = inputs[params.source.replace("search:", "encode:", 1)].table_files()
     n = vectors.num_rows
@@ -281,10 +360,29 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         if name in wanted:
             mined[name] = (f"search:{miner.system}", miner, (f"encode:{miner.system}",))
     for name, (source, conf, extra) in mined.items():
+        synthetic, synthetic_inputs, pinned = _synthetic_mining(cfg, name, source) if conf.synthetic else (None, (), {})
         params = MineParams(strategy=name, source=source, depth=conf.depth, filter_answers=conf.filter_answers,
-                            splits=conf.splits, seed=getattr(conf, "seed", None), **common)
+                            splits=conf.splits, seed=getattr(conf, "seed", None), synthetic=synthetic, **common)
         sources = (source, *extra) if source != "random" else ()
-        out.append(Stage(f"negatives:{name}", "negatives", "3", ("ingest_questions", "chunk", "link_gold", *sources, *judge),
-                         params, build_mined_negatives, variant={"strategy": name},
+        inputs = ("ingest_questions", "chunk", "link_gold", *sources, *synthetic_inputs, *judge)
+        out.append(Stage(f"negatives:{name}", "negatives", "3", tuple(dict.fromkeys(inputs)),
+                         params, build_mined_negatives, variant={"strategy": name}, pinned=pinned,
                          resumable=source.startswith("search:") or bool(judge)))
     return out
+
+
+def _synthetic_mining(cfg, name: str, source: str) -> tuple[SyntheticMining, tuple[str, ...], dict]:
+    """What mining the generated queries adds to strategy `name`: its SyntheticMining, its inputs
+    (pairs:synthetic and what searches them) and pinned inputs (a dense miner's model)."""
+    from tasks.dense.stages import origin_of
+
+    if cfg.qgen is None:
+        raise ValueError(f"negatives.{name}.synthetic mines the generated queries, which needs a qgen: section")
+    if source == "bm25_search":
+        return SyntheticMining(bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b), ("pairs:synthetic", "bm25_index"), {}
+    if source.startswith("search:"):
+        system = next(s for s in cfg.dense.systems if s.name == source.split(":", 1)[1])
+        origin, model_stages, pinned = origin_of(system, cfg.config_dir)
+        how = SyntheticMining(miner_origin=origin, miner_encode=EncodeSettings.of(cfg.dense.encode))
+        return how, ("pairs:synthetic", *model_stages), pinned
+    return SyntheticMining(), ("pairs:synthetic",), {}

@@ -23,9 +23,10 @@ from storage import Artifact
 from storage.parquet import write_table
 from storage.shards import move_shards_into
 from tasks import schemas
-from tasks.engine import Stage, StageParams
+from tasks.engine import Pinned, Stage, StageParams
 from tasks.progress import progress_logger
 from tasks.qgen.finetune import GeneratorTrainArgs
+from tasks.stage_refs import pinned_version
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
 
 logger = logging.getLogger("passage_forge")
@@ -66,7 +67,9 @@ class GenerateConfig(_Strict):
 
 
 class QgenConfig(_Strict):
-    generator: str = Field("smollm2", description="seq2seq (T5, e.g. doc2query/all-with-prefix-t5-base-v1) or causal LM: a short name, folder or hub name")
+    generator: str = Field("smollm2", description=(
+        "seq2seq (T5, e.g. doc2query/all-with-prefix-t5-base-v1) or causal LM: a short name, folder or hub name; or a "
+        "generator another run fine-tuned, 'other.yaml:qgen_model' or 'qgen_model:VERSION' (with finetune.enabled: false)"))
     kind: Literal["auto", "seq2seq", "causal"] = "auto"
     prefix: Optional[str] = Field(None, description="input prefix of a seq2seq generator (e.g. 'text2query: ')")
     finetune: GeneratorFinetune = Field(default_factory=GeneratorFinetune)
@@ -302,17 +305,24 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if q is None:
         return []
     out = []
-    model_input = None
+    model_input, pinned = None, {}
+    trained_elsewhere = pinned_version(q.generator, "qgen_model")
+    if trained_elsewhere is not None:
+        # Issue 25: a generator another config fine-tuned (e.g. on SQuAD) writes this corpus's queries.
+        if q.finetune.enabled:
+            raise ValueError(f"qgen.generator {q.generator!r} is a generator fine-tuned by another run: set "
+                             "qgen.finetune.enabled: false (this corpus's questions do not train it further)")
+        model_input, pinned = "generator", {"generator": Pinned("qgen_model", trained_elsewhere)}
     if q.finetune.enabled:
         out.append(Stage("qgen_model", "qgen_model", "1", ("chunk", "pairs:gold"),
                          FinetuneParams(generator=q.generator, kind=q.kind, prefix=q.prefix, train=q.finetune,
                                         device=q.generate.device), build_finetune, resumable=True))
         model_input = "qgen_model"
     out.append(Stage("synthetic_queries", "synthetic_queries", "1",
-                     ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if model_input else [])),
+                     ("chunk", "ingest_questions", "link_gold", "bm25_index", *(["qgen_model"] if q.finetune.enabled else [])),
                      GenerateParams(generator=q.generator, kind=q.kind, prefix=q.prefix, model_input=model_input,
                                     generate=resolved_generate(q), quality_split=q.quality_split, runner=cfg.runner),
-                     build_synthetic_queries, resumable=True))
+                     build_synthetic_queries, pinned=pinned, resumable=True))
     filter_inputs = ("bm25_index",) if q.filter_bm25_top_k else ()
     out.append(Stage("pairs:synthetic", "pairs", "1", ("synthetic_queries", *filter_inputs),
                      SyntheticPairsParams(filter_bm25_top_k=q.filter_bm25_top_k), build_synthetic_pairs,

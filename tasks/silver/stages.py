@@ -35,6 +35,10 @@ logger = logging.getLogger("passage_forge")
 class CrossEncoderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     base: str = Field("minilm", description="base encoder: minilm, mpnet, a hub name or a folder (a fresh one-logit head)")
+    # Issue 25: a corpus without questions borrows a classifier trained elsewhere as its teacher.
+    model: Optional[str] = Field(None, description=(
+        "use a trained classifier instead of training one: 'other.yaml:cross_encoder' (pinned to the version that "
+        "config builds), 'cross_encoder:VERSION', a folder, or a hub name of a one-logit cross-encoder"))
     train: ClassifierTrainArgs = Field(default_factory=ClassifierTrainArgs)
     split: str = Field("train", description="the split whose gold pairs train it")
     # Paper 001 section 4.1: negatives from the BM25 top 10 and the dense top 10.
@@ -101,8 +105,10 @@ class SilverConfig(BaseModel):
 
 class CrossEncoderParams(StageParams):
     # The stage trains and reports with torch: how later stages score does not change its output.
+    # config.model is always empty here (a named model is imported, not trained): out of the hash,
+    # so versions trained before it existed still match.
     RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.train.checkpoint_every",
-                         "config.train.keep_checkpoints"})
+                         "config.train.keep_checkpoints", "config.model"})
     config: CrossEncoderConfig
     match_type: str
     device: str
@@ -168,6 +174,65 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
                       "seconds": result["seconds"],
                       "report_split": c.report_split, "report_pairs": len(report_pairs),
                       "dual_encoder_threshold": threshold, "report": report}}
+
+
+class ImportParams(StageParams):
+    """A classifier trained elsewhere: an artifact (pinned input 'source'), a folder or a hub name."""
+    RUNTIME = frozenset({"folder"})
+    reference: str                  # as configured, resolved: cross_encoder:VERSION, a path or a hub name
+    folder: Optional[str] = None    # a model folder's absolute path (out of the hash; its digest is in it)
+    folder_hash: Optional[str] = None
+
+
+def build_imported_cross_encoder(params: ImportParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    """The referenced classifier copied into this run's store as its cross_encoder artifact, so
+    every stage that scores with it reads it the same way as a trained one."""
+    from models.cross_encoder import CrossEncoderModel
+
+    source = inputs.get("source")
+    where = str(source.subdir("model")) if source is not None else params.folder or params.reference
+    try:
+        model = CrossEncoderModel.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cross_encoder.model {params.reference!r}: cannot load a one-logit classifier from "
+                         f"{where}: {exc}") from exc
+    model.save_pretrained(out / "model")
+    trained = source.manifest.get("stats", {}) if source is not None else {}
+    kept = {k: trained.get(k) for k in ("training_pairs", "best_step", "selected_by", "dev_auc", "dev_log_loss",
+                                        "report_split", "report") if k in trained}
+    logger.info("cross_encoder: using %s (%s)", params.reference, where)
+    return {"stats": {"imported_from": params.reference, **({"trained_by_source": kept} if kept else {})}}
+
+
+def model_folder(reference: str, cfg_dir: Optional[Path]) -> Path:
+    """A folder reference as a path: absolute, or relative to the config's folder."""
+    path = Path(reference).expanduser()
+    return path if path.is_absolute() else (cfg_dir or Path.cwd()) / path
+
+
+def looks_like_path(reference: str) -> bool:
+    return reference.startswith((".", "/", "~"))
+
+
+def imported_cross_encoder_stage(c: CrossEncoderConfig, cfg_dir: Optional[Path]) -> Stage:
+    """The cross_encoder stage of a config that names `cross_encoder.model`."""
+    from tasks.dense.stages import folder_hash
+    from tasks.engine import Pinned
+    from tasks.errors import InputError
+    from tasks.stage_refs import pinned_version
+
+    version = pinned_version(c.model, "cross_encoder")
+    if version is not None:
+        return Stage("cross_encoder", "cross_encoder", "1", (), ImportParams(reference=c.model),
+                     build_imported_cross_encoder, pinned={"source": Pinned("cross_encoder", version)})
+    path = model_folder(c.model, cfg_dir)
+    if path.is_dir():
+        params = ImportParams(reference=c.model, folder=str(path.resolve()), folder_hash=folder_hash(path))
+    elif looks_like_path(c.model):
+        raise InputError(path, "cross_encoder.model", "no such model folder")
+    else:  # a hub name
+        params = ImportParams(reference=c.model)
+    return Stage("cross_encoder", "cross_encoder", "1", (), params, build_imported_cross_encoder)
 
 
 def _report(model, dev, report_pairs, text_of, inputs, params: CrossEncoderParams, device):
@@ -409,10 +474,13 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         return []
     c = cfg.cross_encoder
     dense = (f"search:{c.dense_system}",) if c.dense_system else ()
-    out = [Stage("cross_encoder", "cross_encoder", "1",
-                 ("ingest_questions", "chunk", "link_gold", "bm25_search", *dense),
-                 CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
-                                    batch_size=c.batch_size), build_cross_encoder, resumable=True)]
+    if c.model:
+        out = [imported_cross_encoder_stage(c, cfg.config_dir)]
+    else:
+        out = [Stage("cross_encoder", "cross_encoder", "1",
+                     ("ingest_questions", "chunk", "link_gold", "bm25_search", *dense),
+                     CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
+                                        batch_size=c.batch_size), build_cross_encoder, resumable=True)]
     if not wants_silver(cfg):
         return out
     s = cfg.silver

@@ -130,6 +130,26 @@ def _with_teacher_scores(examples, cross_encoder: Artifact, device: str):
     return out
 
 
+def teacher_summary(examples) -> dict:
+    """The teacher's scores as the report shows them (issue 25): quantiles of its logits for the
+    positives and for the negatives, the mean margin, and how often it ranks the positive above
+    every negative of the pool (a teacher that disagrees with the labels shows here)."""
+    import numpy as np
+
+    positives = np.array([e.teacher_scores[0] for e in examples], dtype=np.float64)
+    negatives = np.array([x for e in examples for x in e.teacher_scores[1:]], dtype=np.float64)
+    if not positives.size:
+        return {}
+
+    def quantiles(x):
+        return {f"p{q}": round(float(np.percentile(x, q)), 4) for q in (5, 25, 50, 75, 95)} if x.size else {}
+    above = [e.teacher_scores[0] > max(e.teacher_scores[1:]) for e in examples if len(e.teacher_scores) > 1]
+    margins = [e.teacher_scores[0] - x for e in examples for x in e.teacher_scores[1:]]
+    return {"pairs_scored": int(positives.size + negatives.size), "positive": quantiles(positives),
+            "negative": quantiles(negatives), "mean_margin": round(float(np.mean(margins)), 4) if margins else None,
+            "positive_above_all_negatives": round(float(np.mean(above)), 4) if above else None}
+
+
 def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
     import pyarrow as pa
 
@@ -152,8 +172,10 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
                                    seed=t.seed, max_questions=t.max_questions, split=t.split)
     model = params.origin.load(inputs)
     loss = build_loss(t.loss, model, **t.loss_options)
+    teacher = {}
     if t.distils:
         examples = _with_teacher_scores(examples, inputs["cross_encoder"], device)
+        teacher = {"teacher": teacher_summary(examples)}
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
@@ -174,7 +196,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
                       "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
                       "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
-                      "seconds": result["seconds"]}}
+                      "seconds": result["seconds"], **teacher}}
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:

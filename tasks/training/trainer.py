@@ -237,23 +237,16 @@ def _enable_gradient_checkpointing(model: nn.Module) -> None:
 
 
 def plot_loss_curve(history: Sequence[dict], path: Path) -> None:
-    import matplotlib
+    from tasks.evaluation.figures import draw_loss, new_figure, save_figure  # the report's training curves share these
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = new_figure(7, 4)
     steps = [h["step"] for h in history]
-    ax.plot(steps, [h["loss"] for h in history], label="loss", color="tab:blue")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+    draw_loss(ax, steps, [h["loss"] for h in history])
     ax2 = ax.twinx()
     ax2.plot(steps, [h["lr"] for h in history], label="lr", color="tab:orange", alpha=0.6)
     ax2.set_ylabel("learning rate")
     ax.set_title("training loss")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # -- the trainer --------------------------------------------------------------------------------
