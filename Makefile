@@ -38,9 +38,10 @@ test-tools:
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q -ra --durations=25 tests
 
-# The documentation site (mkdocs.yml, docs/): served with live reload on http://127.0.0.1:8000.
+# The documentation site (mkdocs.yml, docs/): built strictly (a warning stops it), then served with live
+# reload on http://127.0.0.1:8000.
 docs: $(STAMP)
-	$(BIN)/python -m mkdocs serve
+	$(BIN)/python -m mkdocs serve --strict
 
 # Built into site/ as tests/test_docs_site.py builds it: strict, so a broken link or anchor fails.
 docs-build: $(STAMP)

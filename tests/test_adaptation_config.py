@@ -82,3 +82,16 @@ def test_mining_generated_queries_needs_qgen_and_leaves_other_versions_alone(sha
     needs_qgen = _write(tmp_path, "syn.yaml", {**trained, "negatives": {"bm25": {"synthetic": True}}})
     with pytest.raises(ValueError, match="negatives.bm25.synthetic.*qgen"):
         plan_for(load_config(needs_qgen))
+
+
+def test_the_tuned_teacher_config_changes_only_the_teacher(shared_data):
+    recipe = plan_for(load_config(CONFIGS / "nfcorpus-adapt.yaml"))
+    tuned = plan_for(load_config(CONFIGS / "nfcorpus-adapt-tuned-teacher.yaml"))
+    teacher = plan_for(load_config(CONFIGS / "study-teacher.yaml")).planned_version("cross_encoder")
+    stage = tuned["cross_encoder"]
+    assert stage.pinned["start"].version == teacher and stage.params.config.queries == "synthetic"
+    assert tuned.planned_version("cross_encoder") != recipe.planned_version("cross_encoder")
+    for shared in ("synthetic_queries", "pairs:synthetic", "negatives:bm25", "negatives:zero-shot-mined"):
+        assert tuned.planned_version(shared) == recipe.planned_version(shared), shared
+    a, b = recipe["train:adapt-mmse"].params.train, tuned["train:adapt-mmse-tuned-teacher"].params.train
+    assert a == b  # the student trains the same way; only its teacher differs

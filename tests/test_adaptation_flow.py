@@ -155,3 +155,25 @@ def test_pforge_compare_resamples_ndcg_on_a_corpus_without_answers(adapted, caps
                  "--evaluation", versions["evaluate"]]) == 0
     out = capsys.readouterr().out
     assert f"| mmse | zs | test | nDCG@10 | {100 * stage_row['a']:.1f} | {100 * stage_row['b']:.1f} |" in out
+
+
+def test_the_teacher_can_fine_tune_on_the_generated_queries(adapted, tmp_path):
+    """cross_encoder.queries: synthetic: the imported classifier trains further on the corpus's
+    generated queries (own passage positive, BM25 and document negatives); nothing of the qrels."""
+    store, built, versions, _, target = adapted
+    raw = yaml.safe_load(target.read_text())
+    raw["cross_encoder"] = {"model": "source.yaml:cross_encoder", "queries": "synthetic", "device": "cpu",
+                            "max_questions": 40, "report_max_questions": 4,
+                            "train": {"max_steps": 2, "batch_size": 8, "lr": 1.0e-3, "max_length": 64, "eval_every": 1}}
+    tuned_config = target.parent / "target-tuned-teacher.yaml"
+    tuned_config.write_text(yaml.safe_dump(raw))
+    cfg = load_config(tuned_config)
+    stage = plan_for(cfg)["cross_encoder"]
+    assert stage.pinned["start"].version == built["cross_encoder"] and "pairs:synthetic" in stage.inputs
+    tuned = pipeline(config=cfg, root=str(store.root), upto="cross_encoder")
+    assert tuned["pairs:synthetic"] == versions["pairs:synthetic"]  # the same queries as the recipe's
+    stats = store.get("cross_encoder", tuned["cross_encoder"]).manifest["stats"]
+    # one passage per document here (whole BEIR documents): no document negatives to draw
+    assert set(stats["sources"]) == {"gold", "bm25"} and stats["steps"] == 2
+    assert stats["training_pairs"] + stats["dev_pairs"] <= 40 * 3  # 40 queries: a positive and up to 2 negatives each
+    assert tuned["cross_encoder"] != versions["cross_encoder"]

@@ -21,7 +21,7 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    "train.checkpoint_every", "train.keep_checkpoints", "config.train.checkpoint_every",
                    "config.train.keep_checkpoints",
                    # a model folder's path (its digest is hashed): the generated queries' miner, an imported classifier
-                   "synthetic.miner_origin.init_path", "folder",
+                   "synthetic.miner_origin.init_path", "folder", "start_folder",
                    # always empty where the classifier trains (a named one is imported by another stage)
                    "config.model"}
 

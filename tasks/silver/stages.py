@@ -38,7 +38,12 @@ class CrossEncoderConfig(BaseModel):
     # Issue 25: a corpus without questions borrows a classifier trained elsewhere as its teacher.
     model: Optional[str] = Field(None, description=(
         "use a trained classifier instead of training one: 'other.yaml:cross_encoder' (pinned to the version that "
-        "config builds), 'cross_encoder:VERSION', a folder, or a hub name of a one-logit cross-encoder"))
+        "config builds), 'cross_encoder:VERSION', a folder, or a hub name of a one-logit cross-encoder; with "
+        "queries: synthetic, the classifier fine-tuning starts from"))
+    # Issue 25: a teacher for a corpus without questions can learn from the questions written for it.
+    queries: Literal["gold", "synthetic"] = Field("gold", description=(
+        "what trains it: the split's gold questions (paper 001), or the generated queries (pairs:synthetic: a "
+        "query's own passage is its positive, negatives from BM25's top `depth` and its document, 1:1)"))
     train: ClassifierTrainArgs = Field(default_factory=ClassifierTrainArgs)
     split: str = Field("train", description="the split whose gold pairs train it")
     # Paper 001 section 4.1: negatives from the BM25 top 10 and the dense top 10.
@@ -108,11 +113,27 @@ class CrossEncoderParams(StageParams):
     # config.model is always empty here (a named model is imported, not trained): out of the hash,
     # so versions trained before it existed still match.
     RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.train.checkpoint_every",
-                         "config.train.keep_checkpoints", "config.model"})
+                         "config.train.keep_checkpoints", "config.model", "start_folder"})
     config: CrossEncoderConfig
     match_type: str
     device: str
     batch_size: int
+    # Fine-tuning another classifier (config.model): a hub name or a folder's digest (a pinned
+    # artifact's version is hashed as an input). Absent otherwise, and then out of the hash.
+    start: Optional[str] = None
+    start_folder: Optional[str] = None
+    bm25_k1: Optional[float] = None     # searching the generated queries (queries: synthetic)
+    bm25_b: Optional[float] = None
+
+    def hashed(self) -> dict:
+        # What issue 25 added stays out of the hash at its defaults: classifiers trained before match.
+        out = super().hashed()
+        for name in ("start", "start_folder", "bm25_k1", "bm25_b"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        if out["config"].get("queries") == "gold":
+            out["config"].pop("queries")
+        return out
 
 
 def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
@@ -144,14 +165,17 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
         qs = _sample_questions(questions.filter(pc.equal(questions.column("split"), split)), limit, c.seed)
         return classifier_pairs(qs, gold, passages, bm25, dense, depth=c.depth, seed=c.seed, match_type=params.match_type)
 
+    trained_on = _synthetic_classifier_pairs(params, inputs, passages) if c.queries == "synthetic" \
+        else pairs_of(c.split, c.max_questions)
     train, dev = [], []
-    for pair in pairs_of(c.split, c.max_questions):
+    for pair in trained_on:
         (dev if held_out(pair.qid, c.dev_share, c.seed) else train).append(pair)
     if not train or not dev:
-        raise ValueError(f"cross_encoder: {len(train)} training and {len(dev)} dev pairs from split {c.split!r}; "
+        raise ValueError(f"cross_encoder: {len(train)} training and {len(dev)} dev pairs from "
+                         f"{'the generated queries' if c.queries == 'synthetic' else f'split {c.split!r}'}; "
                          "check the split, dev_share and max_questions")
     logger.info("cross_encoder: %d training pairs %s, %d dev pairs", len(train), source_counts(train), len(dev))
-    model = CrossEncoderModel.from_base(c.base, c.train.max_length)
+    model = _starting_classifier(params, inputs)
     evaluator = DevClassification(as_text_pairs(dev, text_of), [p.label for p in dev], params.batch_size, c.select_by)
     train_dir = training_dir(out, work)
     result = train_classifier(model, as_text_pairs(train, text_of), [p.label for p in train], c.train, train_dir,
@@ -204,6 +228,42 @@ def build_imported_cross_encoder(params: ImportParams, inputs: dict[str, Artifac
     return {"stats": {"imported_from": params.reference, **({"trained_by_source": kept} if kept else {})}}
 
 
+def trained_cross_encoder_stage(cfg) -> Stage:
+    """The cross_encoder stage that trains: on gold questions (paper 001) or on the generated
+    queries, from the base encoder or from another classifier (config.model)."""
+    from tasks.dense.stages import folder_hash
+    from tasks.engine import Pinned
+    from tasks.errors import InputError
+    from tasks.stage_refs import pinned_version
+
+    c = cfg.cross_encoder
+    inputs = ["ingest_questions", "chunk", "link_gold", "bm25_search", *([f"search:{c.dense_system}"] if c.dense_system else [])]
+    extra, pinned = {}, {}
+    if c.queries == "synthetic":
+        if cfg.qgen is None:
+            raise ValueError("cross_encoder.queries: synthetic trains on the generated queries, which needs a qgen: section")
+        if c.dense_system:
+            raise ValueError("cross_encoder.dense_system: the generated queries have no dense run; with queries: "
+                             "synthetic the negatives come from BM25 and the document (leave dense_system empty)")
+        inputs += ["pairs:synthetic", "bm25_index"]
+        extra.update(bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b)
+    if c.model:
+        version = pinned_version(c.model, "cross_encoder")
+        path = model_folder(c.model, cfg.config_dir)
+        if version is not None:
+            pinned = {"start": Pinned("cross_encoder", version)}
+        elif path.is_dir():
+            extra.update(start_folder=str(path.resolve()), start=folder_hash(path))
+        elif looks_like_path(c.model):
+            raise InputError(path, "cross_encoder.model", "no such model folder")
+        else:
+            extra["start"] = c.model  # a hub name
+    params = CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
+                                batch_size=c.batch_size, **extra)
+    return Stage("cross_encoder", "cross_encoder", "1", tuple(inputs), params, build_cross_encoder,
+                 pinned=pinned, resumable=True)
+
+
 def model_folder(reference: str, cfg_dir: Optional[Path]) -> Path:
     """A folder reference as a path: absolute, or relative to the config's folder."""
     path = Path(reference).expanduser()
@@ -233,6 +293,35 @@ def imported_cross_encoder_stage(c: CrossEncoderConfig, cfg_dir: Optional[Path])
     else:  # a hub name
         params = ImportParams(reference=c.model)
     return Stage("cross_encoder", "cross_encoder", "1", (), params, build_imported_cross_encoder)
+
+
+def _starting_classifier(params: CrossEncoderParams, inputs: dict[str, Artifact]):
+    """A fresh one-logit head on the base encoder, or the classifier fine-tuning starts from."""
+    from models.cross_encoder import CrossEncoderModel
+
+    c = params.config
+    if "start" in inputs:
+        return CrossEncoderModel.from_pretrained(inputs["start"].subdir("model"))
+    if params.start_folder or params.start:
+        return CrossEncoderModel.from_pretrained(params.start_folder or params.start)
+    return CrossEncoderModel.from_base(c.base, c.train.max_length)
+
+
+def _synthetic_classifier_pairs(params: CrossEncoderParams, inputs: dict[str, Artifact], passages: pa.Table):
+    """The generated queries as the classifier's training pairs: each query's own passage is its
+    positive; BM25's top `depth` (searched here) and the passage's document give the negatives."""
+    from tasks.bm25.search import bm25_search
+    from tasks.negatives.stages import synthetic_queries_as_questions
+    from tasks.silver.sampling import classifier_pairs
+
+    c = params.config
+    queries = synthetic_queries_as_questions(inputs["pairs:synthetic"].read_table(columns=["qid", "query", "pid"]))
+    queries = _sample_questions(queries, c.max_questions, c.seed)
+    items = list(zip(queries.column("qid").to_pylist(), queries.column("question").to_pylist()))
+    runs = bm25_search(inputs["bm25_index"].subdir("index"), items, k=c.depth, k1=params.bm25_k1, b=params.bm25_b,
+                       system="bm25")
+    own = queries.select(["qid", "pid"])
+    return classifier_pairs(queries, own, passages, runs, None, depth=c.depth, seed=c.seed, match_type=params.match_type)
 
 
 def _report(model, dev, report_pairs, text_of, inputs, params: CrossEncoderParams, device):
@@ -473,14 +562,10 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if cfg.cross_encoder is None:
         return []
     c = cfg.cross_encoder
-    dense = (f"search:{c.dense_system}",) if c.dense_system else ()
-    if c.model:
+    if c.model and c.queries == "gold":
         out = [imported_cross_encoder_stage(c, cfg.config_dir)]
     else:
-        out = [Stage("cross_encoder", "cross_encoder", "1",
-                     ("ingest_questions", "chunk", "link_gold", "bm25_search", *dense),
-                     CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
-                                        batch_size=c.batch_size), build_cross_encoder, resumable=True)]
+        out = [trained_cross_encoder_stage(cfg)]
     if not wants_silver(cfg):
         return out
     s = cfg.silver
