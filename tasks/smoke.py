@@ -128,8 +128,11 @@ def _schedule(section: dict, examples_key: str | None = "max_questions", per_epo
 
 
 def _qgen(qgen: dict, notes: list[str]) -> None:
+    from tasks.stage_refs import is_reference
+
     generator = qgen.get("generator", GENERATOR)
-    if not loads_offline(generator):
+    # another run's generator (other.yaml:qgen_model) is that run's smoke model: kept as configured
+    if not is_reference(generator, "qgen_model") and not loads_offline(generator):
         notes.append(f"generator {generator!r} does not load offline here: {GENERATOR} instead")
         qgen["generator"], qgen["kind"], qgen["prefix"] = GENERATOR, "auto", None
     finetune = qgen.setdefault("finetune", {})

@@ -205,15 +205,20 @@ _RUNS: dict[Path, dict[str, str]] = {}
 
 
 def _run_smoke(config: Path, root: Path) -> dict[str, str]:
-    """The config's smoke run into `root`, after the configs it refers to (init_from: X.yaml:NAME)."""
+    """The config's smoke run into `root`, after the configs it refers to (init_from: X.yaml:NAME,
+    qgen.generator: X.yaml:qgen_model, cross_encoder.model: X.yaml:cross_encoder)."""
     from flows.pipeline import pipeline
+    from tasks.stage_refs import is_config_reference, split_config_reference
 
     config = config.resolve()
     if config not in _RUNS:
         cfg = load_config(config, smoke=True)
-        for system in cfg.dense.systems if cfg.dense else []:
-            if system.init_from and ".yaml:" in system.init_from:
-                _run_smoke(cfg.config_dir / system.init_from.rpartition(":")[0], root)
+        references = [s.init_from for s in (cfg.dense.systems if cfg.dense else []) if s.init_from]
+        references += [cfg.qgen.generator] if cfg.qgen else []
+        references += [cfg.cross_encoder.model] if cfg.cross_encoder and cfg.cross_encoder.model else []
+        for reference in references:
+            if is_config_reference(reference):
+                _run_smoke(cfg.config_dir / split_config_reference(reference)[0], root)
         started = time.perf_counter()
         _RUNS[config] = pipeline(config=cfg, root=str(root))
         SECONDS[config.stem] = time.perf_counter() - started
