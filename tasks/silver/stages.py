@@ -231,10 +231,7 @@ def build_imported_cross_encoder(params: ImportParams, inputs: dict[str, Artifac
 def trained_cross_encoder_stage(cfg) -> Stage:
     """The cross_encoder stage that trains: on gold questions (paper 001) or on the generated
     queries, from the base encoder or from another classifier (config.model)."""
-    from tasks.dense.stages import folder_hash
     from tasks.engine import Pinned
-    from tasks.errors import InputError
-    from tasks.stage_refs import pinned_version
 
     c = cfg.cross_encoder
     inputs = ["ingest_questions", "chunk", "link_gold", "bm25_search", *([f"search:{c.dense_system}"] if c.dense_system else [])]
@@ -248,20 +245,34 @@ def trained_cross_encoder_stage(cfg) -> Stage:
         inputs += ["pairs:synthetic", "bm25_index"]
         extra.update(bm25_k1=cfg.bm25.k1, bm25_b=cfg.bm25.b)
     if c.model:
-        version = pinned_version(c.model, "cross_encoder")
-        path = model_folder(c.model, cfg.config_dir)
+        version, folder, digest = classifier_reference(c.model, cfg.config_dir)
         if version is not None:
             pinned = {"start": Pinned("cross_encoder", version)}
-        elif path.is_dir():
-            extra.update(start_folder=str(path.resolve()), start=folder_hash(path))
-        elif looks_like_path(c.model):
-            raise InputError(path, "cross_encoder.model", "no such model folder")
-        else:
-            extra["start"] = c.model  # a hub name
+        else:  # a folder (hashed by its digest) or a hub name
+            extra.update(start_folder=folder, start=digest or c.model)
     params = CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
                                 batch_size=c.batch_size, **extra)
     return Stage("cross_encoder", "cross_encoder", "1", tuple(inputs), params, build_cross_encoder,
                  pinned=pinned, resumable=True)
+
+
+def classifier_reference(reference: str, cfg_dir: Optional[Path]) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """`cross_encoder.model` resolved: (artifact version, None, None) for `cross_encoder:VERSION`,
+    (None, absolute folder, its digest) for a folder, (None, None, None) for a hub name; a path
+    that is no folder fails, naming it."""
+    from tasks.dense.stages import folder_hash
+    from tasks.errors import InputError
+    from tasks.stage_refs import pinned_version
+
+    version = pinned_version(reference, "cross_encoder")
+    if version is not None:
+        return version, None, None
+    path = model_folder(reference, cfg_dir)
+    if path.is_dir():
+        return None, str(path.resolve()), folder_hash(path)
+    if looks_like_path(reference):
+        raise InputError(path, "cross_encoder.model", "no such model folder")
+    return None, None, None
 
 
 def model_folder(reference: str, cfg_dir: Optional[Path]) -> Path:
@@ -276,22 +287,13 @@ def looks_like_path(reference: str) -> bool:
 
 def imported_cross_encoder_stage(c: CrossEncoderConfig, cfg_dir: Optional[Path]) -> Stage:
     """The cross_encoder stage of a config that names `cross_encoder.model`."""
-    from tasks.dense.stages import folder_hash
     from tasks.engine import Pinned
-    from tasks.errors import InputError
-    from tasks.stage_refs import pinned_version
 
-    version = pinned_version(c.model, "cross_encoder")
+    version, folder, digest = classifier_reference(c.model, cfg_dir)
     if version is not None:
         return Stage("cross_encoder", "cross_encoder", "1", (), ImportParams(reference=c.model),
                      build_imported_cross_encoder, pinned={"source": Pinned("cross_encoder", version)})
-    path = model_folder(c.model, cfg_dir)
-    if path.is_dir():
-        params = ImportParams(reference=c.model, folder=str(path.resolve()), folder_hash=folder_hash(path))
-    elif looks_like_path(c.model):
-        raise InputError(path, "cross_encoder.model", "no such model folder")
-    else:  # a hub name
-        params = ImportParams(reference=c.model)
+    params = ImportParams(reference=c.model, folder=folder, folder_hash=digest)  # a folder, or a hub name
     return Stage("cross_encoder", "cross_encoder", "1", (), params, build_imported_cross_encoder)
 
 
