@@ -95,3 +95,15 @@ def test_the_tuned_teacher_config_changes_only_the_teacher(shared_data):
         assert tuned.planned_version(shared) == recipe.planned_version(shared), shared
     a, b = recipe["train:adapt-mmse"].params.train, tuned["train:adapt-mmse-tuned-teacher"].params.train
     assert a == b  # the student trains the same way; only its teacher differs
+
+
+def test_the_teacher_free_config_is_the_ablations_adapt_dpr_without_a_classifier(shared_data):
+    qgen = plan_for(load_config(CONFIGS / "nfcorpus-adapt-qgen.yaml"))
+    ablations = plan_for(load_config(CONFIGS / "nfcorpus-adapt-ablations.yaml"))
+    # it runs while the teacher is still training: no stage reads a classifier
+    assert not any(name == "cross_encoder" or name == "pairs:silver" for name in qgen.names())
+    # and what it builds is the ablation's: the same versions, so neither run builds it twice
+    for name in qgen.names():
+        if name not in ("evaluate", "fusion:hybrid-adapt-dpr"):
+            assert qgen.planned_version(name) == ablations.planned_version(name), name
+    assert qgen["train:adapt-dpr"].params.train.loss == "dpr"
