@@ -20,6 +20,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
+from tasks.qgen.as_questions import synthetic_queries_as_questions
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 from tasks.dense.stages import EncodeSettings, Origin
 from tasks.silver.stages import ScoringSettings
@@ -162,15 +163,6 @@ def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: 
     mined_synthetic = {"synthetic_queries": synthetic.num_rows} if synthetic is not None else {}
     return {"stats": {"questions": len(set(negatives.column("qid").to_pylist())), "negatives": negatives.num_rows,
                       **mined_synthetic, "filtering": counts, **runner_stats(params.runner)}}
-
-
-def synthetic_queries_as_questions(pairs: pa.Table) -> pa.Table:
-    """pairs:synthetic as question rows (qid, question, answers, split, pid): no answer strings
-    (nothing to filter by answer); the passage each was written from is its gold."""
-    n = pairs.num_rows
-    return pa.table({"qid": pairs.column("qid"), "question": pairs.column("query"),
-                     "answers": pa.array([[]] * n, pa.list_(pa.string())), "split": pa.array(["synthetic"] * n),
-                     "pid": pairs.column("pid")})
 
 
 def _bm25_candidates(params: MineParams, inputs: dict[str, Artifact], synthetic: pa.Table):

@@ -313,7 +313,7 @@ def _synthetic_classifier_pairs(params: CrossEncoderParams, inputs: dict[str, Ar
     """The generated queries as the classifier's training pairs: each query's own passage is its
     positive; BM25's top `depth` (searched here) and the passage's document give the negatives."""
     from tasks.bm25.search import bm25_search
-    from tasks.negatives.stages import synthetic_queries_as_questions
+    from tasks.qgen.as_questions import synthetic_queries_as_questions
     from tasks.silver.sampling import classifier_pairs
 
     c = params.config
