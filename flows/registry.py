@@ -77,8 +77,8 @@ def _expect_stage(reference: str, stage: str, wanted: str) -> None:
 
 def _planned_elsewhere(cfg: PipelineConfig, reference: str, file: str, stage: str, seen: tuple[Path, ...],
                        missing: str) -> str:
-    """The planned version of `stage` in the config `file` (relative to cfg's folder)."""
-    path = (cfg.config_dir / file).resolve()
+    """The planned version of `stage` in the config `file` (beside cfg, or beside a config it extends)."""
+    path = cfg.referenced_config(file)
     if path in seen:
         raise PlanError(f"{reference!r}: configs refer to each other in a cycle")
     other = _resolve_config_references(load_config(path, smoke=cfg._smoke), (*seen, path))

@@ -105,6 +105,10 @@ class PipelineConfig(_Strict):
         "local, threads, or dask (a local cluster, or a remote scheduler's address); changes no version"))
     # The folder of the YAML file (relative init_from paths and config references start there).
     _config_dir: Optional[Path] = PrivateAttr(default=None)
+    # The folders of the configs it extends, nearest first: a config reference that is not beside
+    # the file is looked up there (a config outside configs/ that extends a shipped one keeps its
+    # `squad-open.yaml:qgen_model` working).
+    _extends_dirs: tuple[Path, ...] = PrivateAttr(default=())
     # Loaded with the smoke overlay (tasks/smoke.py): configs it refers to are loaded the same way.
     _smoke: bool = PrivateAttr(default=False)
 
@@ -210,6 +214,15 @@ class PipelineConfig(_Strict):
     def config_dir(self) -> Path:
         return self._config_dir or PROJECT_ROOT / "configs"
 
+    def referenced_config(self, file: str) -> Path:
+        """The config file of an `other.yaml:STAGE` reference: beside this config, else beside the
+        nearest config it extends that has it (else the path beside this one, for the error)."""
+        folders = dict.fromkeys((self.config_dir, *self._extends_dirs))
+        for folder in folders:
+            if (folder / file).is_file():
+                return (folder / file).resolve()
+        return (self.config_dir / file).resolve()
+
 
 class ConfigError(ValueError):
     """A config that cannot be read or does not validate; the message names the file and the field."""
@@ -234,8 +247,9 @@ def _read_yaml(path: Path) -> dict:
     return raw
 
 
-def _resolved_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """The YAML of `path` merged over the config it `extends:` (a path relative to it), recursively."""
+def _resolved_raw(path: Path, seen: tuple[Path, ...] = (), extends_dirs: Optional[list[Path]] = None) -> dict:
+    """The YAML of `path` merged over the config it `extends:` (a path relative to it), recursively;
+    the folders of the configs it extends are appended to `extends_dirs`, nearest first."""
     raw = _read_yaml(path)
     base = raw.pop("extends", None)
     if base is None:
@@ -247,7 +261,9 @@ def _resolved_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: extends: {base} makes a cycle")
     if not base_path.is_file():
         raise ConfigError(f"{path}: extends: no config file {base_path}")
-    return merge_config(_resolved_raw(base_path, (*seen, path.resolve())), raw)
+    if extends_dirs is not None:
+        extends_dirs.append(base_path.parent)
+    return merge_config(_resolved_raw(base_path, (*seen, path.resolve()), extends_dirs), raw)
 
 
 def load_config(path: str | Path, smoke: bool = False) -> PipelineConfig:
@@ -281,7 +297,8 @@ def load_config(path: str | Path, smoke: bool = False) -> PipelineConfig:
         ```
     """
     path = Path(path)
-    raw = _resolved_raw(path)
+    extends_dirs: list[Path] = []
+    raw = _resolved_raw(path, extends_dirs=extends_dirs)
     if smoke:
         from tasks.smoke import smoke_overlay
 
@@ -292,5 +309,6 @@ def load_config(path: str | Path, smoke: bool = False) -> PipelineConfig:
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: invalid config: {where}") from exc
     cfg._config_dir = path.resolve().parent
+    cfg._extends_dirs = tuple(extends_dirs)
     cfg._smoke = smoke
     return cfg

@@ -107,3 +107,15 @@ def test_the_teacher_free_config_is_the_ablations_adapt_dpr_without_a_classifier
         if name not in ("evaluate", "fusion:hybrid-adapt-dpr"):
             assert qgen.planned_version(name) == ablations.planned_version(name), name
     assert qgen["train:adapt-dpr"].params.train.loss == "dpr"
+
+
+def test_a_reference_is_found_beside_the_config_it_extends_when_not_beside_the_file(shared_data, tmp_path):
+    """A user's config outside configs/ that extends the recipe keeps its `squad-open.yaml:...`
+    references; a file of that name beside the user's config comes first."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"extends": str(CONFIGS / "nfcorpus-adapt.yaml"), "name": "mine"}))
+    recipe = plan_for(load_config(CONFIGS / "nfcorpus-adapt.yaml"))
+    assert plan_for(load_config(mine))["synthetic_queries"].pinned == recipe["synthetic_queries"].pinned
+    _write(tmp_path, "squad-open.yaml", {"name": "local", "qgen": {"generator": "smollm2"}})
+    local = plan_for(load_config(tmp_path / "squad-open.yaml")).planned_version("qgen_model")
+    assert plan_for(load_config(mine))["synthetic_queries"].pinned["generator"].version == local

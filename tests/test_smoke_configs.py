@@ -218,7 +218,7 @@ def _run_smoke(config: Path, root: Path) -> dict[str, str]:
         references += [cfg.cross_encoder.model] if cfg.cross_encoder and cfg.cross_encoder.model else []
         for reference in references:
             if is_config_reference(reference):
-                _run_smoke(cfg.config_dir / split_config_reference(reference)[0], root)
+                _run_smoke(cfg.referenced_config(split_config_reference(reference)[0]), root)
         started = time.perf_counter()
         _RUNS[config] = pipeline(config=cfg, root=str(root))
         SECONDS[config.stem] = time.perf_counter() - started
@@ -243,6 +243,73 @@ def test_every_shipped_config_runs_end_to_end_under_the_smoke_overlay(config, pr
     assert len(evaluated) == len(plan["evaluate"].params.runs)  # every runs stage is scored, under its own name
     report = (artifacts["evaluate"].path / "report.md").read_text(encoding="utf-8")
     assert all(system in report for system in evaluated)
+
+
+def _beir_zip_from_squad(squad: Path, target: Path, folder: str) -> int:
+    """Another BEIR-format zip (its own folder name): SQuAD paragraphs as documents with their
+    article's title, each paragraph's first question judged against it, half dev and half test;
+    no train queries. Returns the number of documents."""
+    paragraphs = [(a["title"], p) for a in json.loads(squad.read_text(encoding="utf-8"))["data"] for p in a["paragraphs"]]
+    corpus = [json.dumps({"_id": f"p{i}", "title": title, "text": p["context"]}) for i, (title, p) in enumerate(paragraphs)]
+    queries = [json.dumps({"_id": f"q{i}", "text": p["qas"][0]["question"]}) for i, (_, p) in enumerate(paragraphs)]
+    half = len(paragraphs) // 2
+    with zipfile.ZipFile(target, "w") as z:
+        z.writestr(f"{folder}/corpus.jsonl", "\n".join(corpus) + "\n")
+        z.writestr(f"{folder}/queries.jsonl", "\n".join(queries) + "\n")
+        for split, ids in (("dev", range(half)), ("test", range(half, len(paragraphs)))):
+            z.writestr(f"{folder}/qrels/{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\tp{i}\t1\n" for i in ids))
+    return len(paragraphs)
+
+
+CHANGED_DATA = {
+    # another BEIR zip, without train queries
+    "beir-zip": {"beir": {"path": "beir/squad-as-beir.zip", "download": None, "qrels_splits": ["dev", "test"]}},
+    # a Wikipedia dump, with NQ-open questions (answer strings) to evaluate on
+    "wikipedia-dump": {"beir": None, "wikipedia": [WIKIPEDIA],
+                       "qa": {"files": [{"path": NQ_OPEN[0], "format": "nq_open", "split": "dev"},
+                                        {"path": NQ_OPEN[2], "format": "nq_open", "split": "test"}]}},
+}
+
+
+@pytest.mark.parametrize("corpus", list(CHANGED_DATA))
+def test_the_adaptation_recipe_takes_another_corpus_by_changing_only_its_data_section(
+        corpus, prefect_harness, smoke_env, smoke_data, tmp_path, flush_denormals):
+    """Issue 25: a user's config outside configs/ that extends nfcorpus-adapt.yaml and changes only
+    `data:` (plus `chunk:` for a dump, whose articles are cut into 100-word passages) plans the
+    same stages, finds the generator and the teacher through nfcorpus-adapt.yaml's references,
+    writes queries for the new corpus and evaluates the adapted student on its questions."""
+    from flows.pipeline import pipeline
+    from flows.registry import plan_for
+    from storage import ArtifactStore
+
+    recipe = PROJECT_ROOT / "configs" / "nfcorpus-adapt.yaml"
+    for reference in ("squad-open.yaml", "study-teacher.yaml"):  # the two models, as a user builds them first
+        _run_smoke(PROJECT_ROOT / "configs" / reference, smoke_env)
+    beir_documents = _beir_zip_from_squad(smoke_data / SQUAD, smoke_data / "beir" / "squad-as-beir.zip", "squad-as-beir")
+    mine = {"extends": str(recipe), "name": f"my-{corpus}", "data": CHANGED_DATA[corpus]}
+    if corpus == "wikipedia-dump":
+        mine["chunk"] = {"words": 100}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine), encoding="utf-8")
+    cfg = load_config(tmp_path / "mine.yaml", smoke=True)
+    plan, reference = plan_for(cfg), plan_for(load_config(recipe, smoke=True))
+    assert plan.names() == reference.names()
+    for stage, pinned in (("synthetic_queries", "generator"), ("cross_encoder", "source")):
+        assert plan[stage].pinned[pinned] == reference[stage].pinned[pinned]
+    versions = pipeline(config=cfg, root=str(smoke_env))
+    store = ArtifactStore(smoke_env)
+    documents = set(store.get("documents", versions["ingest_documents"]).read_table().column("doc_id").to_pylist())
+    queries = store.get("synthetic_queries", versions["synthetic_queries"]).read_table().to_pylist()
+    assert queries and all(q["pid"].split("#")[0] in documents for q in queries)
+    evaluated = store.get("evaluation", versions["evaluate"])
+    assert {"adapt-mmse", "hybrid-adapt-mmse", "bm25"} <= set(evaluated.manifest["stats"]["systems"])
+    metric = "ndcg_cut" if corpus == "beir-zip" else "top_k_accuracy"
+    rows = store.sql(f"SELECT * FROM read_parquet('{evaluated.path}/data/metrics/*.parquet') "
+                     f"WHERE system = 'adapt-mmse' AND split = 'test' AND metric = '{metric}' AND k = 10").to_pylist()
+    assert len(rows) == 1 and 0.0 <= rows[0]["value"] <= 1.0
+    if corpus == "beir-zip":
+        assert documents == {f"p{i}" for i in range(beir_documents)}
+    else:  # the dump's first pages (the smoke overlay's wikipedia_max_pages), cut into passages
+        assert len(documents) == 3 and len(store.get("passages", versions["chunk"]).read_table()) > 3
 
 
 def test_a_title_longer_than_the_passage_length_is_cut_in_its_row_only():
