@@ -177,3 +177,21 @@ def test_the_teacher_can_fine_tune_on_the_generated_queries(adapted, tmp_path):
     assert set(stats["sources"]) == {"gold", "bm25"} and stats["steps"] == 2
     assert stats["training_pairs"] + stats["dev_pairs"] <= 40 * 3  # 40 queries: a positive and up to 2 negatives each
     assert tuned["cross_encoder"] != versions["cross_encoder"]
+
+
+def test_a_resumed_student_reads_the_teachers_scores_from_its_work_folder(adapted, tmp_path, caplog):
+    """The Margin-MSE student's stage run twice in the same work folder (as a killed run resumes):
+    the second run reads the teacher's logits there and trains on the same margins."""
+    import logging
+
+    store, _, versions, _, target = adapted
+    plan = plan_for(load_config(target))
+    stage, inputs = plan["train:mmse"], plan.upstream_for_single_stage(store, "train:mmse")
+    work = tmp_path / "work"
+    with caplog.at_level(logging.INFO, logger="passage_forge"):
+        first = stage.build(stage.params, inputs, tmp_path / "a", work)
+        assert "read from" not in caplog.text
+        second = stage.build(stage.params, inputs, tmp_path / "b", work)
+    assert "pairs read from" in caplog.text and (work / "teacher_scores.npz").is_file()
+    assert first["stats"]["teacher"] == second["stats"]["teacher"]
+    assert first["stats"]["teacher"] == store.get("dense_model", versions["train:mmse"]).manifest["stats"]["teacher"]

@@ -112,16 +112,22 @@ def _dev_evaluator(params: TrainParams, inputs: dict[str, Artifact], device: str
                             lambda model, texts, side: params.dev_encode.encode(model, texts, side, device))
 
 
-def _with_teacher_scores(examples, cross_encoder: Artifact, device: str):
-    """Each example with the classifier's logits for [positive, *its pool] (distillation)."""
+def _with_teacher_scores(examples, cross_encoder: Artifact, device: str, work: Optional[Path] = None):
+    """Each example with the classifier's logits for [positive, *its pool] (distillation); with a
+    work folder, the logits are kept there for a resumed run (tasks/training/teacher_cache.py)."""
     from dataclasses import replace
 
     from models.cross_encoder import CrossEncoderModel
     from tasks.progress import progress_logger
+    from tasks.training.teacher_cache import CACHE_NAME, cached_logits
 
-    model = CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device)
+    def score(pairs):
+        model = CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device)
+        return model.logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress_logger("teacher scores"))
+
     pairs = [(e.query, passage[1]) for e in examples for passage in (e.positive, *e.negatives)]
-    logits = model.logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress_logger("teacher scores"))
+    cache = Path(work) / CACHE_NAME if work is not None else None
+    logits = cached_logits(pairs, f"{cross_encoder.stage}:{cross_encoder.version}", cache, score)
     out, at = [], 0
     for e in examples:
         n = 1 + len(e.negatives)
@@ -174,7 +180,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     loss = build_loss(t.loss, model, **t.loss_options)
     teacher = {}
     if t.distils:
-        examples = _with_teacher_scores(examples, inputs["cross_encoder"], device)
+        examples = _with_teacher_scores(examples, inputs["cross_encoder"], device, work)
         teacher = {"teacher": teacher_summary(examples)}
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
