@@ -199,14 +199,38 @@ def _input_names(encoder: nn.Module) -> tuple[str, ...]:
     return ("input_ids", "attention_mask", "token_type_ids") if with_types else ("input_ids", "attention_mask")
 
 
-class OnnxBiEncoder:
+class _CpuSessions:
+    """What the ORT models share: one session per (graph, torch thread count), so a pinned thread
+    count gets a session of its own, and the torch model's `eval()` / `to(device)`, CPU only."""
+    KIND = "ONNX Runtime model"
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[Path, int], object] = {}
+
+    def _session_for(self, path: Path):
+        key = (Path(path), torch.get_num_threads())
+        if key not in self._sessions:
+            self._sessions[key] = new_session(path, key[1])
+        return self._sessions[key]
+
+    def eval(self):
+        return self
+
+    def to(self, device):
+        if str(device) != "cpu":
+            raise ValueError(f"an {self.KIND} runs on the CPU, not {device!r}")
+        return self
+
+
+class OnnxBiEncoder(_CpuSessions):
     """`encode_query` / `encode_passage` of a BiEncoder through ORT (one graph per tower: the
     same file for both sides of a shared tower). Takes and returns torch tensors, so
     tasks/dense/encode.py's batching drives it as it drives the torch model."""
+    KIND = "ONNX Runtime encoder"
 
     def __init__(self, paths: dict[str, Path], input_names: Sequence[str], tokenizer, int8: bool) -> None:
+        super().__init__()
         self.paths, self.input_names, self.tokenizer, self.int8 = paths, tuple(input_names), tokenizer, int8
-        self._sessions: dict[tuple[str, int], object] = {}
 
     @classmethod
     def from_model(cls, model, int8: bool = False) -> "OnnxBiEncoder":
@@ -227,14 +251,8 @@ class OnnxBiEncoder:
         paths.setdefault("passage", paths["query"])
         return cls(paths, names, model.tokenizer, int8)
 
-    def _session(self, side: str):
-        key = (side, torch.get_num_threads())  # a pinned thread count gets a session of its own
-        if key not in self._sessions:
-            self._sessions[key] = new_session(self.paths[side], key[1])
-        return self._sessions[key]
-
     def _run(self, side: str, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        session = self._session(side)
+        session = self._session_for(self.paths[side])
         feeds = {k: batch[k].cpu().numpy().astype(np.int64, copy=False) for k in self.input_names if k in batch}
         return torch.from_numpy(session.run(None, _feeds(session, feeds))[0])
 
@@ -243,14 +261,6 @@ class OnnxBiEncoder:
 
     def encode_passage(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self._run("passage", batch)
-
-    def eval(self) -> "OnnxBiEncoder":
-        return self
-
-    def to(self, device) -> "OnnxBiEncoder":
-        if str(device) != "cpu":
-            raise ValueError(f"an ONNX Runtime encoder runs on the CPU, not {device!r}")
-        return self
 
 
 # ------------------------------------------------------------------ cross-encoder
@@ -263,14 +273,15 @@ class _Logit(nn.Module):
         return self.model(dict(zip(self.input_names, inputs)))
 
 
-class OnnxCrossEncoder:
+class OnnxCrossEncoder(_CpuSessions):
     """`logits` / `score` of a CrossEncoderModel through ORT, with its batching (one
     tokenisation, batches longest first) and its call signature."""
+    KIND = "ONNX Runtime cross-encoder"
 
     def __init__(self, path: Path, input_names: Sequence[str], tokenizer, max_length: int, int8: bool) -> None:
+        super().__init__()
         self.path, self.input_names, self.tokenizer, self.max_length, self.int8 = \
             path, tuple(input_names), tokenizer, max_length, int8
-        self._sessions: dict[int, object] = {}
 
     @classmethod
     def from_model(cls, model, int8: bool = False) -> "OnnxCrossEncoder":
@@ -290,16 +301,13 @@ class OnnxCrossEncoder:
 
     def logits(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64, device=None, bf16: bool = False,
                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-        if device is not None and str(device) != "cpu":
-            raise ValueError(f"an ONNX Runtime cross-encoder runs on the CPU, not {device!r}")
+        if device is not None:
+            self.to(device)  # refuses anything but the CPU
         if bf16:
             raise ValueError("bf16 autocast is a torch path; the ONNX cross-encoder runs fp32 or int8")
         if not len(pairs):
             return np.zeros(0, dtype=np.float32)
-        threads = torch.get_num_threads()
-        if threads not in self._sessions:
-            self._sessions[threads] = new_session(self.path, threads)
-        session = self._sessions[threads]
+        session = self._session_for(self.path)
         encoded = self.tokenize(pairs)
         order = np.argsort(-np.array([len(ids) for ids in encoded["input_ids"]]), kind="stable")
         keys = [k for k in encoded.keys() if k in self.input_names]
@@ -318,11 +326,3 @@ class OnnxCrossEncoder:
         from .cross_encoder import sigmoid
 
         return sigmoid(self.logits(pairs, batch_size, device, bf16, progress))
-
-    def eval(self) -> "OnnxCrossEncoder":
-        return self
-
-    def to(self, device) -> "OnnxCrossEncoder":
-        if str(device) != "cpu":
-            raise ValueError(f"an ONNX Runtime cross-encoder runs on the CPU, not {device!r}")
-        return self

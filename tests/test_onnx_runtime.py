@@ -64,6 +64,16 @@ def test_cross_encoder_logits_match_torch_and_int8_probabilities_stay_close(chec
     assert np.abs(OnnxCrossEncoder.from_model(model, int8=True).score(pairs) - model.score(pairs)).max() < 0.02
     with pytest.raises(ValueError, match="CPU"):
         onnx.logits(pairs, device="cuda")
+    with pytest.raises(ValueError, match="cross-encoder runs on the CPU"):
+        onnx.to("cuda")
+    assert onnx.to("cpu").eval() is onnx and len(onnx._sessions) == 1
+    threads = torch.get_num_threads()
+    try:  # a pinned thread count gets a session of its own, and the same numbers
+        torch.set_num_threads(1)
+        np.testing.assert_allclose(onnx.logits(pairs, batch_size=4), got, atol=TOLERANCE * max(1.0, np.abs(want).max()))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(onnx._sessions) == (1 if threads == 1 else 2)
 
 
 def test_conversions_are_cached_per_weights(checkpoint, monkeypatch):
