@@ -1,33 +1,52 @@
 """The teacher's logits kept in a train stage's work folder (tasks/training/teacher_cache.py): a
-resumed stage reads them instead of scoring every pair again, and only when they are the scores of
-the same pairs by the same teacher."""
+stage killed while scoring continues at its first unscored chunk, one killed while training reads
+them back, and only the scores of the same pairs by the same teacher are reused."""
 import numpy as np
 import pytest
 
 from tasks.training.teacher_cache import cached_logits
 
-PAIRS = [("what is a cell", "A cell is the unit of life."), ("who wrote it", "It was written by Ann.")]
+PAIRS = [(f"question {i} about cells", f"passage {i}: " + "a cell is the unit of life " * (i % 3 + 1)) for i in range(7)]
 
 
 class Scorer:
-    """Scores a pair by its lengths, counting its calls."""
+    """Scores a pair by its lengths, recording the pairs of each call; `fail_after` calls, it
+    raises, as a killed run stops."""
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, fail_after=None):
+        self.calls, self.fail_after = [], fail_after
 
-    def __call__(self, pairs):
-        self.calls += 1
+    def __call__(self, pairs, progress):
+        if self.fail_after is not None and len(self.calls) == self.fail_after:
+            raise KeyboardInterrupt("killed")
+        self.calls.append(list(pairs))
+        progress(len(pairs), len(pairs))
         return [len(q) - 0.5 * len(p) for q, p in pairs]
 
 
-def test_scores_are_written_once_and_read_on_resume(tmp_path):
-    scorer, cache = Scorer(), tmp_path / "work" / "teacher_scores.npz"
-    first = cached_logits(PAIRS, "cross_encoder:a", cache, scorer)
+def _want(pairs):
+    return np.array([len(q) - 0.5 * len(p) for q, p in pairs], dtype=np.float32)
+
+
+def test_scores_are_written_as_scored_and_read_on_resume(tmp_path):
+    scorer, cache, seen = Scorer(), tmp_path / "work" / "teacher_scores.npz", []
+    first = cached_logits(PAIRS, "cross_encoder:a", cache, scorer, chunk=3, progress=lambda d, n: seen.append((d, n)))
+    assert [len(c) for c in scorer.calls] == [3, 3, 1] and seen == [(3, 7), (6, 7), (7, 7)]
     assert cache.is_file() and not list(cache.parent.glob("*.partial"))
-    again = cached_logits(PAIRS, "cross_encoder:a", cache, scorer)
-    assert scorer.calls == 1 and again.dtype == np.float32
+    again = cached_logits(PAIRS, "cross_encoder:a", cache, scorer, chunk=3)
+    assert len(scorer.calls) == 3 and again.dtype == np.float32
     np.testing.assert_array_equal(again, first)
-    np.testing.assert_allclose(first, scorer(PAIRS), rtol=1e-6)
+    np.testing.assert_allclose(first, _want(PAIRS), rtol=1e-6)
+
+
+def test_a_run_killed_while_scoring_continues_at_its_first_unscored_chunk(tmp_path):
+    cache = tmp_path / "teacher_scores.npz"
+    with pytest.raises(KeyboardInterrupt):
+        cached_logits(PAIRS, "cross_encoder:a", cache, Scorer(fail_after=2), chunk=3)
+    resumed = Scorer()
+    out = cached_logits(PAIRS, "cross_encoder:a", cache, resumed, chunk=3)
+    assert resumed.calls == [PAIRS[6:]]  # the two chunks scored before the kill are not scored again
+    np.testing.assert_allclose(out, _want(PAIRS), rtol=1e-6)
 
 
 @pytest.mark.parametrize("change", ["teacher", "pairs", "order"])
@@ -37,13 +56,14 @@ def test_other_pairs_or_another_teacher_are_scored_again(tmp_path, change):
     teacher = "cross_encoder:b" if change == "teacher" else "cross_encoder:a"
     pairs = {"pairs": PAIRS[:1] + [("who wrote it", "Ann wrote it.")], "order": PAIRS[::-1]}.get(change, PAIRS)
     out = cached_logits(pairs, teacher, cache, scorer)
-    assert scorer.calls == 2
-    np.testing.assert_allclose(out, scorer(pairs), rtol=1e-6)
-    assert cached_logits(pairs, teacher, cache, scorer) is not None and scorer.calls == 3  # the new scores are kept
+    assert scorer.calls[-1] == list(pairs)
+    np.testing.assert_allclose(out, _want(pairs), rtol=1e-6)
+    cached_logits(pairs, teacher, cache, scorer)
+    assert len(scorer.calls) == 2  # the new scores are the ones kept
 
 
 def test_without_a_work_folder_nothing_is_kept(tmp_path):
     scorer = Scorer()
     cached_logits(PAIRS, "cross_encoder:a", None, scorer)
     cached_logits(PAIRS, "cross_encoder:a", None, scorer)
-    assert scorer.calls == 2 and not list(tmp_path.iterdir())
+    assert len(scorer.calls) == 2 and not list(tmp_path.iterdir())

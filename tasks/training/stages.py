@@ -121,13 +121,17 @@ def _with_teacher_scores(examples, cross_encoder: Artifact, device: str, work: O
     from tasks.progress import progress_logger
     from tasks.training.teacher_cache import CACHE_NAME, cached_logits
 
-    def score(pairs):
-        model = CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device)
-        return model.logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress_logger("teacher scores"))
+    loaded = []
+
+    def score(pairs, progress):
+        if not loaded:  # only when some pairs are left to score
+            loaded.append(CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device))
+        return loaded[0].logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress)
 
     pairs = [(e.query, passage[1]) for e in examples for passage in (e.positive, *e.negatives)]
     cache = Path(work) / CACHE_NAME if work is not None else None
-    logits = cached_logits(pairs, f"{cross_encoder.stage}:{cross_encoder.version}", cache, score)
+    logits = cached_logits(pairs, f"{cross_encoder.stage}:{cross_encoder.version}", cache, score,
+                           progress=progress_logger("teacher scores"))
     out, at = [], 0
     for e in examples:
         n = 1 + len(e.negatives)
