@@ -192,6 +192,6 @@ def test_a_resumed_student_reads_the_teachers_scores_from_its_work_folder(adapte
         first = stage.build(stage.params, inputs, tmp_path / "a", work)
         assert "read from" not in caplog.text
         second = stage.build(stage.params, inputs, tmp_path / "b", work)
-    assert "pairs read from" in caplog.text and (work / "teacher_scores.npz").is_file()
+    assert "pairs read from" in caplog.text and (work / "teacher_scores" / "shard-00000.parquet").is_file()
     assert first["stats"]["teacher"] == second["stats"]["teacher"]
     assert first["stats"]["teacher"] == store.get("dense_model", versions["train:mmse"]).manifest["stats"]["teacher"]

@@ -1,6 +1,7 @@
-"""The teacher's logits kept in a train stage's work folder (tasks/training/teacher_cache.py): a
-stage killed while scoring continues at its first unscored chunk, one killed while training reads
-them back, and only the scores of the same pairs by the same teacher are reused."""
+"""The teacher's logits scored in resumable shards of a train stage's work folder
+(tasks/training/teacher_cache.py): a stage killed while scoring continues at its first unscored
+chunk, one killed while training reads them back, and only the scores of the same pairs by the
+same teacher are reused."""
 import numpy as np
 import pytest
 
@@ -29,10 +30,10 @@ def _want(pairs):
 
 
 def test_scores_are_written_as_scored_and_read_on_resume(tmp_path):
-    scorer, cache, seen = Scorer(), tmp_path / "work" / "teacher_scores.npz", []
+    scorer, cache, seen = Scorer(), tmp_path / "work" / "teacher_scores", []
     first = cached_logits(PAIRS, "cross_encoder:a", cache, scorer, chunk=3, progress=lambda d, n: seen.append((d, n)))
     assert [len(c) for c in scorer.calls] == [3, 3, 1] and seen == [(3, 7), (6, 7), (7, 7)]
-    assert cache.is_file() and not list(cache.parent.glob("*.partial"))
+    assert len(list(cache.glob("shard-*.parquet"))) == 3 and not list(cache.glob(".*part"))
     again = cached_logits(PAIRS, "cross_encoder:a", cache, scorer, chunk=3)
     assert len(scorer.calls) == 3 and again.dtype == np.float32
     np.testing.assert_array_equal(again, first)
@@ -40,7 +41,7 @@ def test_scores_are_written_as_scored_and_read_on_resume(tmp_path):
 
 
 def test_a_run_killed_while_scoring_continues_at_its_first_unscored_chunk(tmp_path):
-    cache = tmp_path / "teacher_scores.npz"
+    cache = tmp_path / "teacher_scores"
     with pytest.raises(KeyboardInterrupt):
         cached_logits(PAIRS, "cross_encoder:a", cache, Scorer(fail_after=2), chunk=3)
     resumed = Scorer()
@@ -51,7 +52,7 @@ def test_a_run_killed_while_scoring_continues_at_its_first_unscored_chunk(tmp_pa
 
 @pytest.mark.parametrize("change", ["teacher", "pairs", "order"])
 def test_other_pairs_or_another_teacher_are_scored_again(tmp_path, change):
-    scorer, cache = Scorer(), tmp_path / "teacher_scores.npz"
+    scorer, cache = Scorer(), tmp_path / "teacher_scores"
     cached_logits(PAIRS, "cross_encoder:a", cache, scorer)
     teacher = "cross_encoder:b" if change == "teacher" else "cross_encoder:a"
     pairs = {"pairs": PAIRS[:1] + [("who wrote it", "Ann wrote it.")], "order": PAIRS[::-1]}.get(change, PAIRS)
