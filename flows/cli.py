@@ -100,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 def _prepare_process() -> None:
     """Before Prefect is imported: its settings (analytics off unless the user opts in, a patient
     ephemeral server on a database no other run writes), then Ctrl-C/SIGTERM handling that stops
-    the run and its children (the ephemeral server among them) and removes a private database."""
+    the run and its children (the ephemeral server among them) and removes a private database.
+    First, what a killed `pforge` left running is stopped (before its database folder goes), and
+    this process's children are tagged as its own (flows/orphans.py)."""
     from flows.interrupts import stop_on_signals
+    from flows.orphans import mark_descendants, stop_orphans
     from flows.prefect_env import prepare_process, remove_database_dir
 
+    stop_orphans()
+    mark_descendants()
     database_dir = prepare_process()
     stop_on_signals([lambda: remove_database_dir(database_dir)])
 

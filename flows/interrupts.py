@@ -96,15 +96,20 @@ def terminate_children(grace_s: float = CHILD_GRACE_S) -> None:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return
-    for child in children:
+    stop_processes(children, grace_s)
+
+
+def stop_processes(processes: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM to each, then SIGKILL to those still alive after `grace_s`."""
+    for process in processes:
         try:
-            child.terminate()
+            process.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for child in alive:
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for process in alive:
         try:
-            child.kill()
+            process.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=grace_s)

@@ -176,3 +176,49 @@ def test_the_next_runs_complete_two_at_once_on_busy_cores_offline(interrupted, t
         assert "telemetry" not in output.lower(), output[-3000:]
         assert {"documents", "passages", "bm25_index", "bm25_runs", "evaluation"} <= set(_registered(root))
         assert not list(root.glob("*/.tmp-*"))
+
+
+def _prefect_servers(sid: int) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getsid(process.pid) == sid and "prefect.server.api.server:create_app" in process.info["cmdline"]:
+                found.append(process)
+        except (ProcessLookupError, PermissionError, TypeError):
+            pass
+    return found
+
+
+def test_a_run_killed_with_sigkill_leaves_a_server_that_the_next_start_stops(tmp_path):
+    """SIGKILL gives `pforge` no chance to stop its ephemeral server, which would go on serving the
+    shared database while the next run starts its own on it. The next `pforge` (any command) stops
+    it, and only it: a run alive meanwhile keeps its own."""
+    env = _env(tmp_path)
+    killed = _start(tmp_path / "killed", tmp_path / "killed.log", env)
+    living = None
+    try:
+        deadline = time.monotonic() + 240
+        while not _prefect_servers(killed.pid) or "ingest_documents: running" not in \
+                (tmp_path / "killed.log").read_text(errors="replace"):
+            assert killed.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "killed.log").read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+        os.kill(killed.pid, signal.SIGKILL)   # the process alone, as the OOM killer does
+        killed.wait(10)
+        orphans = _prefect_servers(killed.pid)
+        assert orphans and all(p.is_running() for p in orphans)   # the case exists: the server outlived it
+        living = _start(tmp_path / "living", tmp_path / "living.log", env)
+        while not _prefect_servers(living.pid):
+            assert living.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "living.log").read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+        listing = subprocess.run([str(PFORGE), "artifacts", "--root", str(tmp_path / "killed")], cwd=PROJECT_ROOT,
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert listing.returncode == 0, listing.stderr[-3000:]
+        gone, alive = psutil.wait_procs(orphans, timeout=10)
+        assert not alive and _in_session(killed.pid) == []
+        assert _prefect_servers(living.pid) and living.poll() is None   # another run's server is not an orphan
+    finally:
+        _kill_session(killed)
+        if living is not None:
+            _kill_session(living)
