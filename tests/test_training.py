@@ -456,3 +456,73 @@ def test_resume_restores_the_loss_state(checkpoint, tmp_path):
     assert result["resumed_from"].endswith("step-0000002")
     assert torch.allclose(one_loss.ema, second_loss.ema, atol=1e-6, rtol=0)
     assert torch.allclose(one.query_projection.weight, second.query_projection.weight, atol=1e-6, rtol=0)
+
+
+# -- distillation: the teacher scores the pairs each batch draws ---------------------------------
+
+class CountingTeacher:
+    """A deterministic stand-in for the cross-encoder: a logit from the pair's lengths; counts pairs."""
+
+    def __init__(self):
+        self.pairs = []
+
+    def __call__(self, pairs):
+        self.pairs += list(pairs)
+        return [0.1 * len(q) - 0.05 * len(p) for q, p in pairs]
+
+
+def test_the_teacher_scores_only_the_drawn_pairs_of_the_queries_trained_on(tokenizer):
+    """GPL labels only the triplets it trains on: per question the positive and the N drawn of
+    its pool of M, with the query the batch trains on (one of its generated queries)."""
+    examples = make_examples(n=5, pool=4)
+    for i, e in enumerate(examples[:2]):
+        e.queries = [f"first query {i}", f"second longer query {i}"]
+    teacher = CountingTeacher()
+    coll = Collator(tokenizer, hard_negatives=2, seed=0, teacher_scores=True, teacher=teacher)
+    *_, matrix = coll(examples, epoch=1)
+    assert matrix.shape == (5, 3) and len(teacher.pairs) == 5 * 3   # not 5 * (1 + 4)
+    drawn = coll.draw_negatives(examples, 1)
+    for row, e in enumerate(examples):
+        query = coll.choose_query(e, 1)
+        texts = [e.positive[1]] + [negative[1] for negative in drawn[2 * row:2 * row + 2]]
+        assert matrix[row].tolist() == pytest.approx([0.1 * len(query) - 0.05 * len(t) for t in texts])
+        assert coll.teacher_rows[f"1:{e.qid}"] == pytest.approx(matrix[row].tolist())
+    restored = Collator(tokenizer, hard_negatives=2, teacher_scores=True, teacher=teacher)
+    restored.load_state_dict(coll.state_dict())
+    assert restored.teacher_rows == coll.teacher_rows
+    # scores an example carries (its whole pool, scored beforehand) are read, not asked for
+    for e in examples:
+        e.teacher_scores = [1.0, 2.0, 3.0, 4.0, 5.0]
+    calls = len(teacher.pairs)
+    *_, matrix = coll(examples)
+    assert len(teacher.pairs) == calls and matrix[:, 0].tolist() == [1.0] * 5
+    with pytest.raises(ValueError, match="no teacher"):
+        Collator(tokenizer, hard_negatives=1, teacher_scores=True)(make_examples(n=2, pool=2))
+
+
+def test_a_resumed_distilling_run_scores_only_the_steps_left_and_keeps_the_whole_record(checkpoint, tmp_path):
+    from models.losses import build_loss
+
+    examples = make_examples(n=12, pool=3)
+    args = tiny_args(max_steps=8, checkpoint_every=4, hard_negatives=1)
+    whole_teacher = CountingTeacher()
+    one = new_model(checkpoint, seed=1)
+    whole = train_bi_encoder(one, build_loss("margin_mse", one), examples, args, tmp_path / "one", progress=False,
+                             teacher=whole_teacher)
+    assert len(whole_teacher.pairs) == 8 * 4 * 2 and len(whole["teacher_rows"]) == 8 * 4
+
+    first = new_model(checkpoint, seed=1)
+    with pytest.raises(Crash):
+        train_bi_encoder(first, build_loss("margin_mse", first), examples, args, tmp_path / "two",
+                         callbacks=[crash_at(6)], progress=False, teacher=CountingTeacher())
+    resumed_teacher = CountingTeacher()
+    second = new_model(checkpoint, seed=3)
+    result = train_bi_encoder(second, build_loss("margin_mse", second), examples, args, tmp_path / "two",
+                              progress=False, teacher=resumed_teacher)
+    assert result["resumed_from"].endswith("step-0000004")
+    assert len(resumed_teacher.pairs) == 4 * 4 * 2   # steps 5 to 8 only
+    assert torch.allclose(torch.tensor(result["teacher_rows"]), torch.tensor(whole["teacher_rows"]), atol=1e-6, rtol=0)
+    for (name, a), (_, b) in zip(one.state_dict().items(), second.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    with pytest.raises(ValueError, match="teacher"):
+        train_bi_encoder(second, build_loss("margin_mse", second), examples, args, tmp_path / "three", progress=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -125,7 +125,11 @@ class UniqueBatchSampler:
 class Collator:
     """examples -> (query_batch, passage_batch, negative_batch or None, weights), and with
     `teacher_scores` a fifth element: the (B, 1 + N) teacher scores of each question's positive
-    and drawn negatives.
+    and drawn negatives: an example's own `teacher_scores` (its whole pool, scored beforehand), or
+    else the `teacher`'s logits of the pairs this batch draws, scored as the batch is built (GPL
+    labels only the triplets it trains on: a run of one epoch over pools of M = 4 scores 1 + N
+    pairs per question instead of 1 + M). Those are kept in `teacher_rows` ("epoch:qid" -> scores)
+    and in the collator's checkpoint state, so a resumed run's record covers every step.
 
     Queries and (title, text) pairs are tokenised unpadded (truncated to the max lengths), then
     padded once per batch with `tokenizer.pad` to the batch's longest sequence.
@@ -136,7 +140,8 @@ class Collator:
     """
 
     def __init__(self, tokenizer: Any, query_max_len: int = 32, passage_max_len: int = 128,
-                 hard_negatives: int = 0, seed: int = 42, teacher_scores: bool = False) -> None:
+                 hard_negatives: int = 0, seed: int = 42, teacher_scores: bool = False,
+                 teacher: Optional[Callable[[list[tuple[str, str]]], Sequence[float]]] = None) -> None:
         if tokenizer is None:
             raise ValueError("Collator needs a tokenizer")
         if hard_negatives < 0:
@@ -147,13 +152,16 @@ class Collator:
         self.hard_negatives = int(hard_negatives)
         self.seed = seed
         self.teacher_scores = bool(teacher_scores)
+        self.teacher = teacher
+        self.teacher_rows: dict[str, list[float]] = {}
 
-    # -- checkpoint state: none (draws are a function of seed, epoch and question) ---------
+    # -- checkpoint state: the teacher's record (draws are a function of seed, epoch and question)
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"teacher_rows": dict(self.teacher_rows)} if self.teacher_rows else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass  # checkpoints of older versions kept an RNG state; draws no longer need one
+        # checkpoints of older versions kept an RNG state; draws no longer need one
+        self.teacher_rows = dict(state.get("teacher_rows") or {})
 
     # -- tokenisation -----------------------------------------------------------------------
     def _pad(self, encoded) -> dict[str, torch.Tensor]:
@@ -188,15 +196,35 @@ class Collator:
             drawn.extend((row, i) for i in (rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n)))
         return drawn
 
-    def teacher_matrix(self, examples: Sequence[TrainExample], drawn: list[tuple[int, int]]) -> torch.Tensor:
-        """(B, 1 + N) teacher scores: each question's positive, then its drawn negatives in order."""
+    def teacher_matrix(self, examples: Sequence[TrainExample], drawn: list[tuple[int, int]],
+                       queries: Optional[Sequence[str]] = None, epoch: int = 0) -> torch.Tensor:
+        """(B, 1 + N) teacher scores: each question's positive, then its drawn negatives in order;
+        the teacher scores `queries` (the ones this batch trains on; default each example's own)."""
         n = self.hard_negatives
-        rows = []
+        rows: list[Optional[list[float]]] = []
+        unscored: list[tuple[int, list[int]]] = []
         for row, e in enumerate(examples):
-            if e.teacher_scores is None or len(e.teacher_scores) != 1 + len(e.negatives):
-                raise ValueError(f"question {e.qid!r}: teacher scores must be [positive, *negatives] "
-                                 f"({1 + len(e.negatives)} values), got {e.teacher_scores!r}")
-            rows.append([e.teacher_scores[0]] + [e.teacher_scores[1 + i] for _, i in drawn[row * n:(row + 1) * n]])
+            picked = [i for _, i in drawn[row * n:(row + 1) * n]]
+            if e.teacher_scores is not None:
+                if len(e.teacher_scores) != 1 + len(e.negatives):
+                    raise ValueError(f"question {e.qid!r}: teacher scores must be [positive, *negatives] "
+                                     f"({1 + len(e.negatives)} values), got {e.teacher_scores!r}")
+                rows.append([e.teacher_scores[0]] + [e.teacher_scores[1 + i] for i in picked])
+            elif self.teacher is None:
+                raise ValueError(f"question {e.qid!r} carries no teacher scores and the collator has no teacher")
+            else:
+                rows.append(None)
+                unscored.append((row, picked))
+        if unscored:
+            queries = list(queries) if queries is not None else [e.query for e in examples]
+            pairs = [(queries[row], passage[1]) for row, picked in unscored
+                     for passage in (examples[row].positive, *(examples[row].negatives[i] for i in picked))]
+            logits = [float(x) for x in self.teacher(pairs)]
+            if len(logits) != len(pairs):
+                raise ValueError(f"the teacher returned {len(logits)} scores for {len(pairs)} pairs")
+            for k, (row, _) in enumerate(unscored):
+                rows[row] = logits[k * (1 + n):(k + 1) * (1 + n)]
+                self.teacher_rows[f"{epoch}:{examples[row].qid}"] = rows[row]
         return torch.tensor(rows, dtype=torch.float32)
 
     def choose_query(self, example: TrainExample, epoch: int = 0) -> str:
@@ -209,7 +237,8 @@ class Collator:
     def __call__(self, examples: Sequence[TrainExample], epoch: int = 0):
         if not examples:
             raise ValueError("empty batch")
-        query_batch = self.encode_queries([self.choose_query(e, epoch) for e in examples])
+        queries = [self.choose_query(e, epoch) for e in examples]
+        query_batch = self.encode_queries(queries)
         passage_batch = self.encode_passages([e.positive for e in examples])
         negative_batch, drawn = None, []
         if self.hard_negatives > 0:
@@ -217,5 +246,5 @@ class Collator:
             negative_batch = self.encode_passages([examples[row].negatives[i] for row, i in drawn])
         weights = torch.tensor([float(e.weight) for e in examples], dtype=torch.float32)
         if self.teacher_scores:  # distillation: the teacher's scores of the positive and the drawn negatives
-            return query_batch, passage_batch, negative_batch, weights, self.teacher_matrix(examples, drawn)
+            return query_batch, passage_batch, negative_batch, weights, self.teacher_matrix(examples, drawn, queries, epoch)
         return query_batch, passage_batch, negative_batch, weights

@@ -112,49 +112,37 @@ def _dev_evaluator(params: TrainParams, inputs: dict[str, Artifact], device: str
                             lambda model, texts, side: params.dev_encode.encode(model, texts, side, device))
 
 
-def _with_teacher_scores(examples, cross_encoder: Artifact, device: str, work: Optional[Path] = None):
-    """Each example with the classifier's logits for [positive, *its pool] (distillation); with a
-    work folder, the logits are kept there for a resumed run (tasks/training/teacher_cache.py)."""
-    from dataclasses import replace
-
+def _teacher(cross_encoder: Artifact, device: str):
+    """The classifier as a distilling student's collator calls it: (query, passage) pairs -> logits,
+    its weights loaded at the first batch."""
     from models.cross_encoder import CrossEncoderModel
-    from tasks.progress import progress_logger
-    from tasks.training.teacher_cache import CACHE_NAME, cached_logits
 
     loaded = []
 
-    def score(pairs, progress):
-        if not loaded:  # only when some pairs are left to score
+    def logits(pairs):
+        if not loaded:
+            logger.info("teacher: %s:%s scores the pairs each batch draws", cross_encoder.stage, cross_encoder.version)
             loaded.append(CrossEncoderModel.from_pretrained(cross_encoder.subdir("model")).to(device))
-        return loaded[0].logits(pairs, device=device, bf16=str(device) == "cuda", progress=progress)
-
-    pairs = [(e.query, passage[1]) for e in examples for passage in (e.positive, *e.negatives)]
-    cache = Path(work) / CACHE_NAME if work is not None else None
-    logits = cached_logits(pairs, f"{cross_encoder.stage}:{cross_encoder.version}", cache, score,
-                           progress=progress_logger("teacher scores"))
-    out, at = [], 0
-    for e in examples:
-        n = 1 + len(e.negatives)
-        out.append(replace(e, teacher_scores=[float(x) for x in logits[at:at + n]]))
-        at += n
-    return out
+        return loaded[0].logits(pairs, device=device, bf16=str(device) == "cuda")
+    return logits
 
 
-def teacher_summary(examples) -> dict:
-    """The teacher's scores as the report shows them (issue 25): quantiles of its logits for the
-    positives and for the negatives, the mean margin, and how often it ranks the positive above
-    every negative of the pool (a teacher that disagrees with the labels shows here)."""
+def teacher_summary(rows: list[list[float]]) -> dict:
+    """The teacher's scores as the report shows them (issue 25), from the rows it scored while
+    the student trained ([positive, *drawn negatives] per question and epoch): quantiles of its
+    logits for the positives and for the negatives, the mean margin, and how often it ranks the
+    positive above every drawn negative (a teacher that disagrees with the labels shows here)."""
     import numpy as np
 
-    positives = np.array([e.teacher_scores[0] for e in examples], dtype=np.float64)
-    negatives = np.array([x for e in examples for x in e.teacher_scores[1:]], dtype=np.float64)
+    positives = np.array([r[0] for r in rows], dtype=np.float64)
+    negatives = np.array([x for r in rows for x in r[1:]], dtype=np.float64)
     if not positives.size:
         return {}
 
     def quantiles(x):
         return {f"p{q}": round(float(np.percentile(x, q)), 4) for q in (5, 25, 50, 75, 95)} if x.size else {}
-    above = [e.teacher_scores[0] > max(e.teacher_scores[1:]) for e in examples if len(e.teacher_scores) > 1]
-    margins = [e.teacher_scores[0] - x for e in examples for x in e.teacher_scores[1:]]
+    above = [r[0] > max(r[1:]) for r in rows if len(r) > 1]
+    margins = [r[0] - x for r in rows for x in r[1:]]
     return {"pairs_scored": int(positives.size + negatives.size), "positive": quantiles(positives),
             "negative": quantiles(negatives), "mean_margin": round(float(np.mean(margins)), 4) if margins else None,
             "positive_above_all_negatives": round(float(np.mean(above)), 4) if above else None}
@@ -182,15 +170,14 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
                                    seed=t.seed, max_questions=t.max_questions, split=t.split)
     model = params.origin.load(inputs)
     loss = build_loss(t.loss, model, **t.loss_options)
-    teacher = {}
-    if t.distils:
-        examples = _with_teacher_scores(examples, inputs["cross_encoder"], device, work)
-        teacher = {"teacher": teacher_summary(examples)}
+    # GPL labels only the triplets it trains on: the teacher scores each batch's drawn pairs
+    teacher = _teacher(inputs["cross_encoder"], device) if t.distils else None
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
     args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
     train_dir = training_dir(out, work)
-    result = train_bi_encoder(model, loss, examples, args, train_dir, evaluator=evaluator, progress=False, device=device)
+    result = train_bi_encoder(model, loss, examples, args, train_dir, evaluator=evaluator, progress=False, device=device,
+                              teacher=teacher)
     if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
         return None
     if result["best_step"] != len(result["history"]):
@@ -206,7 +193,8 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
                       "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
                       "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
-                      "seconds": result["seconds"], **teacher}}
+                      "seconds": result["seconds"],
+                      **({"teacher": teacher_summary(result["teacher_rows"])} if t.distils else {})}}
 
 
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:

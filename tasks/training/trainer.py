@@ -262,6 +262,7 @@ def train_bi_encoder(
     tokenizer: Any = None,
     device: str = "auto",
     callbacks: Sequence[TrainerCallback] = (),
+    teacher: Callable[[list[tuple[str, str]]], Sequence[float]] | None = None,
 ) -> dict:
     """Train `model` with `loss_fn` (a module built around `model`) on `examples`.
 
@@ -271,9 +272,11 @@ def train_bi_encoder(
     it is a TrainerCallback, first) are called at the points documented in
     tasks/training/callbacks.py. The batches: UniqueBatchSampler (no question or positive twice in
     a batch) and the Collator (hard negatives drawn per question and epoch, weights, teacher
-    scores); the loop is `run_training`'s.
+    scores); the loop is `run_training`'s. A distilling loss reads each example's own
+    `teacher_scores`, or else has `teacher` (pairs -> logits) score the pairs each batch draws.
 
-    Returns what `run_training` returns.
+    Returns what `run_training` returns, and `teacher_rows`: the scores the teacher gave during
+    the run, [positive, *drawn negatives] per question and epoch (this rank's slice under torchrun).
     """
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tokenizer is None:
@@ -282,21 +285,22 @@ def train_bi_encoder(
     if not weighted and any(float(e.weight) != 1.0 for e in examples):
         raise ValueError(f"examples carry weights but {type(loss_fn).__name__} ignores them (uses_weights is "
                          "False); use WeightedInBatchSoftmaxLoss")
-    teacher = bool(getattr(loss_fn, "uses_teacher_scores", False))
-    if teacher and any(e.teacher_scores is None for e in examples):
+    distils = bool(getattr(loss_fn, "uses_teacher_scores", False))
+    if distils and teacher is None and any(e.teacher_scores is None for e in examples):
         raise ValueError(f"{type(loss_fn).__name__} distils teacher scores, but some examples carry none "
-                         "(score the pairs with a cross-encoder first)")
+                         "(pass teacher=, or score the pairs with a cross-encoder first)")
     sampler = UniqueBatchSampler(examples, args.batch_size, seed=args.seed, drop_last=True)
     collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed,
-                        teacher_scores=teacher)
+                        teacher_scores=distils, teacher=teacher if distils else None)
 
     def loss_inputs(batch: tuple) -> tuple:
         q, p, n, w, *rest = batch
         return (q, p, n, w if weighted else None, *rest)
 
-    return run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
-                        progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
-                        gradient_checkpointing=args.gradient_checkpointing, eval_at_start=args.eval_at_start)
+    result = run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
+                          progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
+                          gradient_checkpointing=args.gradient_checkpointing, eval_at_start=args.eval_at_start)
+    return {**result, "teacher_rows": list(collator.teacher_rows.values())}
 
 
 def run_training(
