@@ -6,6 +6,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("OPENAI_API_KEY", "unused-dummy")
+# Tests call stages' builds outside a flow run, where Prefect's API log handler (on the
+# passage_forge logger, PREFECT_LOGGING_EXTRA_LOGGERS) has no run to attach a record to and warns
+# once per record; a pipeline run always logs inside its flow.
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
