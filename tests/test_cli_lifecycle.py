@@ -39,15 +39,19 @@ def _start(root: Path, log: Path, env: dict) -> subprocess.Popen:
                             preexec_fn=default_signals)
 
 
-def _in_session(sid: int) -> list[str]:
-    left = []
+def _session_processes(sid: int) -> list[psutil.Process]:
+    found = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
             if os.getsid(process.pid) == sid:
-                left.append(" ".join(process.info["cmdline"] or [])[:160])
+                found.append(process)
         except (ProcessLookupError, PermissionError):
             pass
-    return left
+    return found
+
+
+def _in_session(sid: int) -> list[str]:
+    return [" ".join(process.info["cmdline"] or [])[:160] for process in _session_processes(sid)]
 
 
 def _kill_session(process: subprocess.Popen) -> None:
@@ -179,14 +183,8 @@ def test_the_next_runs_complete_two_at_once_on_busy_cores_offline(interrupted, t
 
 
 def _prefect_servers(sid: int) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if os.getsid(process.pid) == sid and "prefect.server.api.server:create_app" in process.info["cmdline"]:
-                found.append(process)
-        except (ProcessLookupError, PermissionError, TypeError):
-            pass
-    return found
+    return [process for process in _session_processes(sid)
+            if "prefect.server.api.server:create_app" in (process.info["cmdline"] or [])]
 
 
 def test_a_run_killed_with_sigkill_leaves_a_server_that_the_next_start_stops(tmp_path):

@@ -291,7 +291,7 @@ def train_bi_encoder(
                          "(pass teacher=, or score the pairs with a cross-encoder first)")
     sampler = UniqueBatchSampler(examples, args.batch_size, seed=args.seed, drop_last=True)
     collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed,
-                        teacher_scores=distils, teacher=teacher if distils else None)
+                        teacher_scores=distils, teacher=teacher)
 
     def loss_inputs(batch: tuple) -> tuple:
         q, p, n, w, *rest = batch
