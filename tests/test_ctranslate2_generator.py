@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from models import ct2_generator
 from models.ct2_generator import CT2QueryGenerator, convert, load_ct2_generator, resolve_runtime
 from models.generator import load_generator, mean_token_logprobs, question_key
+from models.llamacpp_generator import llamacpp_available
 from tests.test_generator import PASSAGES, word_tokenizer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -48,19 +49,25 @@ def ct2(request, llama):
 
 
 def test_questions_distinct_scored_and_reproducible(ct2):
+    assert_generation_contract(ct2)
+
+
+def assert_generation_contract(gen) -> None:
+    """`QueryGenerator.generate`'s contract for a runtime: up to N distinct, stripped, scored
+    questions per passage, the same for a seed, longest prompt first whatever the input order."""
     kw = dict(n=N, max_new_tokens=8, batch_size=2)
-    first = ct2.generate(PASSAGES, seed=3, **kw)
+    first = gen.generate(PASSAGES, seed=3, **kw)
     assert len(first) == len(PASSAGES) and any(first)
     for questions in first:
         assert len(questions) <= N
         assert len({question_key(q) for q, _ in questions}) == len(questions)
         assert all(q == q.strip() and q for q, _ in questions)
         assert all(math.isfinite(lp) and lp <= 0 for _, lp in questions)
-    assert ct2.generate(PASSAGES, seed=3, **kw) == first  # a fresh decoder per call: the seed decides
-    assert ct2.generate(PASSAGES, seed=4, **kw) != first
+    assert gen.generate(PASSAGES, seed=3, **kw) == first  # the seed decides
+    assert gen.generate(PASSAGES, seed=4, **kw) != first
     # batches of one run longest prompt first whatever the input order: reversed in, reversed out
     one = dict(kw, batch_size=1)
-    assert ct2.generate(PASSAGES[::-1], seed=3, **one) == ct2.generate(PASSAGES, seed=3, **one)[::-1]
+    assert gen.generate(PASSAGES[::-1], seed=3, **one) == gen.generate(PASSAGES, seed=3, **one)[::-1]
 
 
 def test_mean_logprob_is_the_torch_models_score_of_the_same_tokens(llama):
@@ -71,19 +78,26 @@ def test_mean_logprob_is_the_torch_models_score_of_the_same_tokens(llama):
     prompts = base.prompt_ids(PASSAGES)
     ctranslate2.set_random_seed(0)
     sampled = gen.sample_ids(gen._load(), prompts, n=N, top_p=0.95, top_k=25, max_new_tokens=6)
+    assert_scores_are_the_torch_models(base, prompts, sampled, n=N, max_new_tokens=6)
+
+
+def assert_scores_are_the_torch_models(base, prompts, sampled, n: int, max_new_tokens: int) -> None:
+    """Each sample (ids, score) of each prompt: at most max_new_tokens ids, stopping at the first
+    EOS, scored with the torch model's mean token log-probability of those ids (raw distribution,
+    EOS included); some samples stop at EOS and some run to the limit, so both endings are checked."""
     eos, stopped, full_length, model = base.tokenizer.eos_token_id, 0, 0, base.model.eval()
     for prompt, samples in zip(prompts, sampled):
-        assert len(samples) == N
+        assert len(samples) == n
         for ids, score in samples:
-            assert 1 <= len(ids) <= 6 and eos not in ids[:-1]
+            assert 1 <= len(ids) <= max_new_tokens and eos not in ids[:-1]
             stopped += ids[-1] == eos
-            full_length += len(ids) == 6 and ids[-1] != eos
+            full_length += len(ids) == max_new_tokens and ids[-1] != eos
             with torch.no_grad():
                 logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
             token_lp = logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).T
             expected = mean_token_logprobs(token_lp, torch.tensor([ids]), eos)
             assert score == pytest.approx(float(expected), abs=1e-4)
-    assert stopped and full_length  # both endings were checked
+    assert stopped and full_length
 
 
 def test_conversion_cached_once_per_precision(llama, monkeypatch, tmp_path):
@@ -114,16 +128,23 @@ def test_only_llama_family_converts(gpt2):
 
 
 def test_auto_resolution(llama, gpt2, monkeypatch):
-    assert resolve_runtime("auto", "auto", str(llama), "auto", "cpu") == ("ctranslate2", "int8")
-    assert resolve_runtime("auto", "auto", "smollm2", "causal", "cpu") == ("ctranslate2", "int8")
-    assert resolve_runtime("auto", "float32", "smollm2", "auto", "cpu") == ("ctranslate2", "float32")
+    """auto: llama.cpp on a CPU for a Llama-family model, else CTranslate2, else torch."""
+    from models import llamacpp_generator
+
+    monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: True)
+    assert resolve_runtime("auto", "auto", str(llama), "auto", "cpu") == ("llamacpp", "int8")
+    assert resolve_runtime("auto", "auto", "smollm2", "causal", "cpu") == ("llamacpp", "int8")
+    assert resolve_runtime("auto", "float32", "smollm2", "auto", "cpu") == ("llamacpp", "float32")
     assert resolve_runtime("auto", "auto", "smollm2", "auto", "cuda") == ("torch", "float32")
     assert resolve_runtime("auto", "auto", str(gpt2), "auto", "cpu") == ("torch", "float32")
     assert resolve_runtime("auto", "auto", "smollm2", "seq2seq", "cpu") == ("torch", "float32")
     assert resolve_runtime("auto", "auto", "some/hub-model", "auto", "cpu") == ("torch", "float32")
     assert resolve_runtime("ctranslate2", "auto", str(gpt2), "auto", "cpu") == ("ctranslate2", "int8")
-    with pytest.raises(ValueError, match="needs runtime ctranslate2"):
+    assert resolve_runtime("ctranslate2", "float32", "smollm2", "auto", "cpu") == ("ctranslate2", "float32")
+    with pytest.raises(ValueError, match="needs runtime llamacpp or ctranslate2"):
         resolve_runtime("torch", "int8", "smollm2", "auto", "cpu")
+    monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: False)
+    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
     monkeypatch.setattr(ct2_generator, "ctranslate2_available", lambda: False)
     assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("torch", "float32")
 
@@ -140,9 +161,11 @@ def _generate_params(**generate):
 def test_runtime_resolved_at_planning_and_hashed():
     auto, torch_params = _generate_params(), _generate_params(runtime="torch")
     int8, fp32 = _generate_params(runtime="ctranslate2"), _generate_params(runtime="ctranslate2", compute_type="float32")
-    assert (auto.generate.runtime, auto.generate.compute_type) == ("ctranslate2", "int8")
-    assert auto.hashed() == int8.hashed()  # auto is hashed as what it resolved to
-    hashes = [p.hashed() for p in (torch_params, int8, fp32)]
+    q8 = _generate_params(runtime="llamacpp")
+    expected = "llamacpp" if llamacpp_available() else "ctranslate2"
+    assert (auto.generate.runtime, auto.generate.compute_type) == (expected, "int8")
+    assert auto.hashed() == _generate_params(runtime=expected).hashed()  # auto is hashed as what it resolved to
+    hashes = [p.hashed() for p in (torch_params, int8, fp32, q8)]
     assert all(a != b for i, a in enumerate(hashes) for b in hashes[i + 1:])
 
 

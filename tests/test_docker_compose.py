@@ -160,6 +160,10 @@ def test_dockerfile_installs_everything_itself_cpu_torch_by_default():
     for setting in ("PFORGE_HOME=/artifacts", "PFORGE_DATA=/data", "HF_HUB_OFFLINE=1", "PREFECT_SERVER_ANALYTICS_ENABLED=false"):
         assert setting in env
     assert steps[-1] == 'CMD ["pforge", "serve"]' and "USER pforge" in steps
+    # llama.cpp compiled in the image must run on other CPUs than the build machine's
+    native_off = [i for i, s in enumerate(steps) if s.startswith("ENV CMAKE_ARGS=") and "-DGGML_NATIVE=OFF" in s]
+    assert native_off and native_off[0] < steps.index(runs[lock])
+    assert _lock_pin("llama_cpp_python")
 
 
 def test_dockerignore_keeps_the_local_venv_and_artifacts_out_of_the_image():

@@ -60,10 +60,11 @@ class GenerateConfig(_Strict):
     device: str = Field("auto", description="'auto' picks CUDA when present")
     # Resolved when the run is planned (models/ct2_generator.py `resolve_runtime`): the version
     # hashes the runtime and precision that sample, since they change the questions.
-    runtime: Literal["auto", "torch", "ctranslate2"] = Field("auto", description=(
-        "'auto': ctranslate2 on a CPU for a Llama-family causal generator (e.g. smollm2) when it imports, else torch"))
+    runtime: Literal["auto", "torch", "ctranslate2", "llamacpp"] = Field("auto", description=(
+        "'auto': on a CPU, for a Llama-family causal generator (e.g. smollm2), llamacpp when llama_cpp imports, else "
+        "ctranslate2 when it imports; else torch"))
     compute_type: Literal["auto", "int8", "float32"] = Field("auto", description=(
-        "ctranslate2's precision ('auto': int8); torch always generates in float32"))
+        "llamacpp's and ctranslate2's precision ('auto': int8, llama.cpp's q8_0); torch always generates in float32"))
 
 
 class QgenConfig(_Strict):
@@ -198,6 +199,10 @@ def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa
 
     def load():
         generator = load_generator(job.source, job.kind, job.prefix)
+        if g.runtime == "llamacpp":
+            from models.llamacpp_generator import load_llamacpp_generator
+
+            return load_llamacpp_generator(generator, job.source, g.compute_type, threads)
         if g.runtime == "ctranslate2":
             from models.ct2_generator import load_ct2_generator
 

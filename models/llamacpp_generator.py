@@ -1,0 +1,240 @@
+"""doc2query through llama.cpp (llama-cpp-python's C API): a Llama-family generator written once
+per model version as a GGUF file (models/gguf_export.py, cached by models/runtime_cache.py) and
+decoded by llama.cpp's CPU kernels at q8_0 (`compute_type: int8`) or f32, many sequences per step.
+
+`LlamaCppQueryGenerator.generate` keeps `QueryGenerator.generate`'s contract: the same prompts
+(`prompt_ids`), up to n distinct questions per passage (`question_key`), each with its mean token
+log-probability up to and including the first EOS under the model's raw distribution, in input
+order, reproducible for a seed. llama.cpp only runs the model: sampling (top-k, then top-p, at
+temperature 1, as transformers orders its warpers) and the log-probabilities happen here, in
+numpy, from the raw logits, with one seeded generator per call.
+
+A batch of prompts is decoded at once: each prompt's tokens are written once into the KV cache,
+tagged with the ids of its n sample sequences (llama.cpp shares a cell between sequences), so
+the prompt is read once for its n questions; then every unfinished sequence advances one token
+per decode call.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from models.generator import Passage, QueryGenerator, questions_from_samples
+
+#: llama.cpp holds at most this many sequences in one context (LLAMA_MAX_SEQ)
+MAX_SEQUENCES = 256
+#: tokens per physical forward pass (the compute buffer grows with it)
+UBATCH = 512
+
+
+def llamacpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError):  # OSError: the shared library does not load on this CPU
+        return False
+    return True
+
+
+def convert(source: str | Path, compute_type: str) -> Path:
+    """The GGUF file of the transformers folder `source` at `compute_type`, cached per model
+    version, precision and writer versions."""
+    import gguf
+    import llama_cpp
+    import transformers
+
+    from models.gguf_export import TENSOR_TYPES, WRITER_VERSION, write_llama_gguf
+    from models.runtime_cache import cached_conversion
+
+    source = Path(source)
+    if compute_type not in TENSOR_TYPES:
+        raise ValueError(f"compute_type must be one of {sorted(TENSOR_TYPES)}, got {compute_type!r}")
+    settings = {"tensor_type": TENSOR_TYPES[compute_type], "writer": WRITER_VERSION, "gguf": _version(gguf),
+                "llama_cpp": llama_cpp.__version__,
+                "transformers": transformers.__version__}
+    folder = cached_conversion(source, "llamacpp", settings,
+                               lambda target: write_llama_gguf(source, target / "model.gguf", compute_type))
+    return folder / "model.gguf"
+
+
+def _version(module) -> str:
+    from importlib.metadata import version
+
+    return getattr(module, "__version__", None) or version(module.__name__)
+
+
+def sample_rows(logits: np.ndarray, rng: np.random.Generator, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """One token per row of `logits` (rows x vocab): the top_k most likely, then the smallest
+    set of those whose mass reaches top_p (the most likely always kept), sampled at temperature
+    1. Returns (tokens, their log-probability under the raw distribution)."""
+    logits = logits.astype(np.float64, copy=False)
+    rows, vocab = logits.shape
+    k = vocab if top_k <= 0 else min(top_k, vocab)
+    candidates = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    picked = np.take_along_axis(logits, candidates, axis=1)
+    order = np.argsort(-picked, axis=1, kind="stable")
+    candidates, picked = np.take_along_axis(candidates, order, axis=1), np.take_along_axis(picked, order, axis=1)
+    probs = np.exp(picked - picked[:, :1])
+    probs /= probs.sum(axis=1, keepdims=True)
+    keep = (np.cumsum(probs, axis=1) - probs) < top_p  # the mass before a token is under top_p
+    keep[:, 0] = True
+    probs = np.where(keep, probs, 0.0)
+    cumulative = np.cumsum(probs, axis=1)
+    draws = rng.random(rows) * cumulative[:, -1]
+    index = np.minimum((cumulative <= draws[:, None]).sum(axis=1), k - 1)
+    tokens = candidates[np.arange(rows), index]
+    top = logits.max(axis=1)
+    log_norm = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    return tokens, logits[np.arange(rows), tokens] - log_norm
+
+
+class _Context:
+    """One llama.cpp context sized for a call: `sequences` sample sequences holding at most
+    `cells` KV cells in all, and a token batch of `batch_tokens`."""
+
+    def __init__(self, model, cells: int, sequences: int, batch_tokens: int, threads: int, f32_cache: bool):
+        import llama_cpp as L
+
+        self.L = L
+        params = L.llama_context_default_params()
+        params.n_ctx = cells
+        params.n_batch = batch_tokens
+        params.n_ubatch = min(UBATCH, batch_tokens)
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = True  # the n samples of a prompt share its cells
+        params.no_perf = True
+        if f32_cache:  # the f32 runtime keeps f32 end to end; q8_0 keeps llama.cpp's f16 cache
+            params.type_k = params.type_v = L.GGML_TYPE_F32
+            params.flash_attn_type = 0  # llama.cpp's CPU flash attention rounds through f16
+        self.ctx = L.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {cells} cells for {sequences} sequences")
+        self.batch = L.llama_batch_init(batch_tokens, 0, sequences)
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+
+    def clear(self) -> None:
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def decode(self, tokens: Sequence[tuple[int, int, Sequence[int], bool]]) -> np.ndarray:
+        """Run (token, position, sequence ids, wants logits) entries; the logits rows of the
+        entries that want them, in order."""
+        b = self.batch
+        for i, (token, pos, seqs, logits) in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, len(seqs), logits
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = s
+        b.n_tokens = len(tokens)
+        rc = self.L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} for {len(tokens)} tokens")
+        rows = [i for i, entry in enumerate(tokens) if entry[3]]
+        out = np.empty((len(rows), self.vocab), dtype=np.float32)
+        for r, i in enumerate(rows):
+            pointer = self.L.llama_get_logits_ith(self.ctx, i)
+            out[r] = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.vocab,))
+        return out
+
+    def close(self) -> None:
+        self.L.llama_batch_free(self.batch)
+        self.L.llama_free(self.ctx)
+
+
+class LlamaCppQueryGenerator:
+    """`QueryGenerator.generate` run by llama.cpp; `base` (the torch generator, used for its
+    tokenizer and prompts only) and the GGUF file at `gguf_path`."""
+
+    def __init__(self, base: QueryGenerator, gguf_path: str | Path, compute_type: str, threads: int | None = None):
+        import llama_cpp
+        import llama_cpp._logger
+        import torch
+
+        if base.kind != "causal":
+            raise ValueError("the llamacpp runtime generates with causal models only")
+        self.base, self.compute_type, self.path = base, compute_type, str(gguf_path)
+        # the project's one thread count (tasks/threads.py): torch's, in the calling thread
+        self.threads = threads or torch.get_num_threads()
+        llama_cpp._logger.set_verbose(False)  # llama.cpp's load report goes to stderr otherwise
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
+        if not self._model:
+            raise RuntimeError(f"{self.path}: llama.cpp could not load the model")
+        self._free = llama_cpp.llama_model_free
+
+    def __del__(self):
+        model, self._model = getattr(self, "_model", None), None
+        if model and self._free is not None:
+            self._free(model)
+
+    @property
+    def tokenizer(self):
+        return self.base.tokenizer
+
+    def generate(self, passages: Sequence[Passage], n: int = 5, top_p: float = 0.95, top_k: int = 25,
+                 max_new_tokens: int = 32, batch_size: int = 16, seed: int = 0, max_source_len: int = 256,
+                 device=None, progress: Callable[[int, int], None] | None = None) -> list[list[tuple[str, float]]]:
+        """As `QueryGenerator.generate` (CPU only: `device` is ignored). Batches of at most
+        `batch_size` prompts (and MAX_SEQUENCES samples) run longest prompt first."""
+        from models.ct2_generator import kept_torch_threads
+
+        tok = self.tokenizer
+        ids = self.base.prompt_ids(passages, max_source_len)
+        results: list[list[tuple[str, float]]] = [[] for _ in ids]
+        if not ids:
+            return results
+        per_batch = max(1, min(batch_size, MAX_SEQUENCES // n))
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        longest = len(ids[order[0]])
+        rng = np.random.default_rng(seed)
+        with kept_torch_threads():
+            context = _Context(self._model, cells=per_batch * (longest + n * max_new_tokens), sequences=per_batch * n,
+                               batch_tokens=per_batch * longest, threads=self.threads,
+                               f32_cache=self.compute_type == "float32")
+            try:
+                for start in range(0, len(order), per_batch):
+                    chunk = order[start:start + per_batch]
+                    sampled = self.sample_ids(context, [ids[i] for i in chunk], n, top_p, top_k, max_new_tokens, rng)
+                    for i, samples in zip(chunk, sampled):
+                        results[i] = questions_from_samples(tok, samples, n)
+                    if progress is not None:
+                        progress(min(start + per_batch, len(order)), len(order))
+            finally:
+                context.close()
+        return results
+
+    def sample_ids(self, context: _Context, prompts: list[list[int]], n: int, top_p: float, top_k: int,
+                   max_new_tokens: int, rng: np.random.Generator) -> list[list[tuple[list[int], float]]]:
+        """n samples per prompt: (new token ids, EOS included when reached; mean token log-prob)."""
+        eos = self.tokenizer.eos_token_id
+        context.clear()
+        entries = [(token, pos, range(p * n, (p + 1) * n), pos == len(prompt) - 1)
+                   for p, prompt in enumerate(prompts) for pos, token in enumerate(prompt)]
+        logits = np.repeat(context.decode(entries), n, axis=0)  # sequence s = prompt s // n
+        tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+        logprobs = [0.0] * len(tokens)
+        active = list(range(len(tokens)))
+        while active:
+            drawn, lps = sample_rows(logits, rng, top_k, top_p)
+            still = []
+            for s, token, lp in zip(active, drawn.tolist(), lps.tolist()):
+                tokens[s].append(token)
+                logprobs[s] += lp
+                if token != eos and len(tokens[s]) < max_new_tokens:
+                    still.append(s)
+            active = still
+            if active:
+                logits = context.decode([(tokens[s][-1], len(prompts[s // n]) + len(tokens[s]) - 1, (s,), True)
+                                         for s in active])
+        return [[(tokens[s], logprobs[s] / len(tokens[s])) for s in range(p * n, (p + 1) * n)]
+                for p in range(len(prompts))]
+
+
+def load_llamacpp_generator(base: QueryGenerator, source: str, compute_type: str,
+                            threads: int | None = None) -> LlamaCppQueryGenerator:
+    """`base` (loaded from `source`, an alias or folder) wrapped with its cached GGUF file."""
+    from models.checkpoints import resolve_checkpoint
+
+    return LlamaCppQueryGenerator(base, convert(resolve_checkpoint(source), compute_type), compute_type, threads)
