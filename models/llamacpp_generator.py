@@ -191,7 +191,7 @@ class LlamaCppQueryGenerator:
         rng = np.random.default_rng(seed)
         with kept_torch_threads():
             context = _Context(self._model, cells=per_batch * (longest + n * max_new_tokens), sequences=per_batch * n,
-                               batch_tokens=per_batch * longest, threads=self.threads,
+                               batch_tokens=per_batch * max(longest, n), threads=self.threads,
                                f32_cache=self.compute_type == "float32")
             try:
                 for start in range(0, len(order), per_batch):

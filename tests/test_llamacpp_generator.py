@@ -165,3 +165,11 @@ def test_generation_leaves_torchs_thread_count_alone(llama):  # noqa: F811
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_more_samples_than_prompt_tokens(lcpp):
+    """A decoding step carries one token per sample: the batch holds n of them even where n is
+    longer than the prompt."""
+    n = len(lcpp.base.prompt_ids(PASSAGES[:1])[0]) + 4
+    questions = lcpp.generate(PASSAGES[:1], n=n, max_new_tokens=2, batch_size=1)
+    assert len(questions) == 1 and len(questions[0]) <= n
