@@ -38,11 +38,11 @@ def build_deployments(config_paths: list[Path], root: str | None = None, cron: s
     return deployments
 
 
-def wait_for_server(api_url: str, within_s: float = 90.0, sleep=time.sleep) -> None:
+def wait_for_server(api_url: str, within_s: float = 90.0, sleep=time.sleep, clock=time.monotonic) -> None:
     """Waits, with bounded back-off, until the server answers its health check: a server still
     starting (or busy) is not a failure. Prefect's client retries 503s and dropped connections
     only once it has connected, so a first refused connection would end `serve` at once."""
-    deadline, wait, last = time.monotonic() + within_s, 0.5, "no answer"
+    deadline, wait, last = clock() + within_s, 0.5, "no answer"
     while True:
         try:
             response = httpx.get(f"{api_url.rstrip('/')}/health", timeout=10)
@@ -51,7 +51,7 @@ def wait_for_server(api_url: str, within_s: float = 90.0, sleep=time.sleep) -> N
             last = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() + wait > deadline:
+        if clock() + wait > deadline:
             raise RuntimeError(f"the Prefect server at {api_url} did not answer within {within_s:.0f} s ({last}); "
                                "start it (prefect server start) or correct PREFECT_API_URL")
         sleep(wait)

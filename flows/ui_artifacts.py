@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -32,17 +33,17 @@ def artifact_key(*parts: str) -> str:
 class StageProgress:
     """A `tasks.progress` listener: one progress artifact per stage run, at the percentage of the
     loop reporting now (its label and counts in the description), updated at most every
-    `every_s` seconds and always at 100%."""
+    `every_s` seconds of `clock` and always at 100%."""
 
-    def __init__(self, key: str, stage: str, every_s: float = 2.0):
-        self.key, self.stage, self.every_s = key, stage, every_s
+    def __init__(self, key: str, stage: str, every_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.key, self.stage, self.every_s, self.clock = key, stage, every_s, clock
         self.artifact_id = None
         self.last = float("-inf")
         self.refused = 0     # refused connections in a row; the next try waits every_s * 2**refused
         self.failed = False
 
     def __call__(self, label: str, done: int, total: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         interval = self.every_s * 2 ** self.refused
         if self.failed or ((done < total or self.refused) and now - self.last < interval):
             return

@@ -52,16 +52,16 @@ def with_progress(items: Iterable[T], label: str, every: int = 10_000, total: in
     report(label, count, count)  # the end: whatever was counted is all there was (total or not)
 
 
-def progress_logger(label: str, every_s: float = 30.0):
-    """A `progress(done, total)` callback logging at most every `every_s` seconds, and at the end:
-    for loops that report progress themselves (e.g. generation over batches). Every call is
+def progress_logger(label: str, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    """A `progress(done, total)` callback logging at most every `every_s` seconds of `clock`, and at
+    the end: for loops that report progress themselves (e.g. generation over batches). Every call is
     reported to the listeners, which throttle on their own."""
-    last = time.monotonic()
+    last = clock()
 
     def log(done: int, total: int) -> None:
         nonlocal last
         report(label, done, total)
-        if done == total or time.monotonic() - last >= every_s:
-            last = time.monotonic()
+        if done == total or clock() - last >= every_s:
+            last = clock()
             logger.info("%s: %s/%s", label, f"{done:,}", f"{total:,}")
     return log

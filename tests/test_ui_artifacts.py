@@ -31,8 +31,7 @@ def test_stage_progress_creates_once_then_updates_throttled_and_always_at_the_en
     monkeypatch.setattr(ui_artifacts, "update_progress_artifact",
                         lambda i, p, description: calls.append(("update", i, p, description)))
     clock = iter([0.0, 0.5, 1.0, 5.0, 5.1])
-    monkeypatch.setattr(ui_artifacts.time, "monotonic", lambda: next(clock))
-    listener = StageProgress("tiny-encode-progress", "encode", every_s=2.0)
+    listener = StageProgress("tiny-encode-progress", "encode", every_s=2.0, clock=lambda: next(clock))
     for done in (10, 20, 30, 40, 100):
         listener("passages", done, 100)
     assert calls == [("create", 10.0, "tiny-encode-progress", "encode: passages: 10/100"),
@@ -102,8 +101,7 @@ def test_a_refused_connection_is_tried_again_at_doubling_intervals_then_given_up
     monkeypatch.setattr(ui_artifacts, "create_progress_artifact", create)
     monkeypatch.setattr(ui_artifacts, "update_progress_artifact", lambda i, p, description: create(p, None, description))
     clock = iter([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 14.0, 21.0, 31.0, 50.0])
-    monkeypatch.setattr(ui_artifacts.time, "monotonic", lambda: next(clock))
-    listener = StageProgress("k", "encode", every_s=2.0)
+    listener = StageProgress("k", "encode", every_s=2.0, clock=lambda: next(clock))
     for done in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
         listener("passages", done, 100)
     # refused at 0 s: tried again 4 s later (ok), then every 2 s; refused at 6, 10 (4 s on), 21 s (8 s on): given up
