@@ -9,10 +9,12 @@ order, reproducible for a seed. llama.cpp only runs the model: sampling (top-k, 
 temperature 1, as transformers orders its warpers) and the log-probabilities happen here, in
 numpy, from the raw logits, with one seeded generator per call.
 
-A batch of prompts is decoded at once: each prompt's tokens are written once into the KV cache,
-tagged with the ids of its n sample sequences (llama.cpp shares a cell between sequences), so
-the prompt is read once for its n questions; then every unfinished sequence advances one token
-per decode call.
+A batch of prompts is decoded at once: each prompt's tokens are run once, into the KV stream of
+its first sample sequence, and that stream is copied to its other n - 1 samples, so the prompt is
+read once for its n questions; then every unfinished sequence advances one token per decode call.
+Every sequence has a KV stream of its own (llama.cpp's non-unified cache): a decoding step's
+attention reads each sample's own cells only, where one cache shared by all sequences has every
+token attend over every prompt's cells of the batch, masked.
 """
 from __future__ import annotations
 
@@ -91,32 +93,36 @@ def sample_rows(logits: np.ndarray, rng: np.random.Generator, top_k: int, top_p:
 
 
 class _Context:
-    """One llama.cpp context sized for a call: `sequences` sample sequences holding at most
-    `cells` KV cells in all, and a token batch of `batch_tokens`."""
+    """One llama.cpp context sized for a call: `sequences` sample sequences, each with a KV stream
+    of `cells` cells, and a token batch of `batch_tokens`."""
 
     def __init__(self, model, cells: int, sequences: int, batch_tokens: int, threads: int, f32_cache: bool):
         import llama_cpp as L
 
         self.L = L
         params = L.llama_context_default_params()
-        params.n_ctx = cells
+        params.n_ctx = cells * sequences  # llama.cpp gives each stream n_ctx / n_seq_max cells
         params.n_batch = batch_tokens
         params.n_ubatch = min(UBATCH, batch_tokens)
         params.n_seq_max = sequences
         params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = True  # the n samples of a prompt share its cells
+        params.kv_unified = False  # a stream per sequence: a step attends over its own cells only
         params.no_perf = True
         if f32_cache:  # the f32 runtime keeps f32 end to end; q8_0 keeps llama.cpp's f16 cache
             params.type_k = params.type_v = L.GGML_TYPE_F32
             params.flash_attn_type = 0  # llama.cpp's CPU flash attention rounds through f16
         self.ctx = L.llama_init_from_model(model, params)
         if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not create a context of {cells} cells for {sequences} sequences")
+            raise RuntimeError(f"llama.cpp could not create a context of {cells} cells for each of {sequences} sequences")
         self.batch = L.llama_batch_init(batch_tokens, 0, sequences)
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 
     def clear(self) -> None:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def copy_sequence(self, source: int, target: int) -> None:
+        """`target`'s stream becomes a copy of `source`'s cells (done before the next decode)."""
+        self.L.llama_memory_seq_cp(self.L.llama_get_memory(self.ctx), source, target, -1, -1)
 
     def decode(self, tokens: Sequence[tuple[int, int, Sequence[int], bool]]) -> np.ndarray:
         """Run (token, position, sequence ids, wants logits) entries; the logits rows of the
@@ -190,7 +196,7 @@ class LlamaCppQueryGenerator:
         longest = len(ids[order[0]])
         rng = np.random.default_rng(seed)
         with kept_torch_threads():
-            context = _Context(self._model, cells=per_batch * (longest + n * max_new_tokens), sequences=per_batch * n,
+            context = _Context(self._model, cells=longest + max_new_tokens, sequences=per_batch * n,
                                batch_tokens=per_batch * max(longest, n), threads=self.threads,
                                f32_cache=self.compute_type == "float32")
             try:
@@ -210,9 +216,12 @@ class LlamaCppQueryGenerator:
         """n samples per prompt: (new token ids, EOS included when reached; mean token log-prob)."""
         eos = self.tokenizer.eos_token_id
         context.clear()
-        entries = [(token, pos, range(p * n, (p + 1) * n), pos == len(prompt) - 1)
+        entries = [(token, pos, (p * n,), pos == len(prompt) - 1)
                    for p, prompt in enumerate(prompts) for pos, token in enumerate(prompt)]
         logits = np.repeat(context.decode(entries), n, axis=0)  # sequence s = prompt s // n
+        for p in range(len(prompts)):
+            for s in range(p * n + 1, (p + 1) * n):
+                context.copy_sequence(p * n, s)
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logprobs = [0.0] * len(tokens)
         active = list(range(len(tokens)))

@@ -61,11 +61,12 @@ def test_questions_distinct_scored_and_reproducible(lcpp):
 
 def test_mean_logprob_is_the_torch_models_score_of_the_same_tokens(llama):  # noqa: F811
     """A sample's score equals the torch model's mean token log-probability of its tokens (raw
-    distribution, up to and including EOS); the n samples of a prompt share its KV cells."""
+    distribution, up to and including EOS); the n samples of a prompt read its KV cells, run once
+    into the first sample's stream and copied to the others."""
     base = load_generator(str(llama))
     gen = load_llamacpp_generator(base, str(llama), "float32", threads=1)
     prompts = base.prompt_ids(PASSAGES)
-    context = _Context(gen._model, cells=len(prompts) * (max(map(len, prompts)) + N * 6), sequences=len(prompts) * N,
+    context = _Context(gen._model, cells=max(map(len, prompts)) + 6, sequences=len(prompts) * N,
                        batch_tokens=sum(map(len, prompts)), threads=1, f32_cache=True)
     try:
         sampled = gen.sample_ids(context, prompts, N, 0.95, 25, 6, np.random.default_rng(0))
