@@ -40,26 +40,19 @@ LAYOUTS = {  # name: (one cache shared by all sequences, flash attention type: -
 
 
 class Layout(_Context):
-    """The runtime's context (its decode, clear and copy_sequence) built with a layout's settings."""
+    """The runtime's context (its parameters, prefill and decode) with a layout's settings."""
 
     def __init__(self, L, model, shared: bool, flash: int, prompts: list[list[int]], samples: int, steps: int,
                  threads: int):
-        self.L, self.shared, self.prompts, self.n, self.steps = L, shared, prompts, samples, steps
+        self.shared, self.prompts, self.n, self.steps = shared, prompts, samples, steps
         longest, sequences = max(map(len, prompts)), len(prompts) * samples
-        params = L.llama_context_default_params()
-        params.n_ctx = len(prompts) * (longest + samples * steps) if shared else sequences * (longest + steps)
-        params.n_batch = sum(map(len, prompts))
-        params.n_ubatch = min(512, params.n_batch)
-        params.n_seq_max = sequences
-        params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = shared
+        params = self.params(L, cells=longest + steps, sequences=sequences,
+                             batch_tokens=max(sum(map(len, prompts)), sequences), threads=threads, f32_cache=False)
+        if shared:  # the earlier layout: one cache, a prompt's cells tagged with its n sample ids
+            params.kv_unified = True
+            params.n_ctx = len(prompts) * (longest + samples * steps)
         params.flash_attn_type = flash
-        params.no_perf = True
-        self.ctx = L.llama_init_from_model(model, params)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not create the context")
-        self.batch = L.llama_batch_init(max(params.n_batch, sequences), 0, sequences)
-        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+        self.open(L, model, params)
         self.split: list[tuple[float, float]] = []
 
     def __call__(self, repeat: int) -> None:
@@ -67,12 +60,11 @@ class Layout(_Context):
         rng = np.random.default_rng(repeat + 1)  # the warm-up is repeat -1
         self.clear()
         start = time.perf_counter()
-        self.decode([(t, pos, range(p * n, (p + 1) * n) if self.shared else (p * n,), pos == len(prompt) - 1)
-                     for p, prompt in enumerate(self.prompts) for pos, t in enumerate(prompt)])
-        if not self.shared:
-            for p in range(len(self.prompts)):
-                for s in range(p * n + 1, (p + 1) * n):
-                    self.copy_sequence(p * n, s)
+        if self.shared:
+            self.decode([(t, pos, range(p * n, (p + 1) * n), pos == len(prompt) - 1)
+                         for p, prompt in enumerate(self.prompts) for pos, t in enumerate(prompt)])
+        else:
+            self.prefill(self.prompts, n)
         prefilled = time.perf_counter()
         sequences = len(self.prompts) * n
         for step in range(self.steps):

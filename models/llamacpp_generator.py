@@ -99,7 +99,11 @@ class _Context:
     def __init__(self, model, cells: int, sequences: int, batch_tokens: int, threads: int, f32_cache: bool):
         import llama_cpp as L
 
-        self.L = L
+        self.open(L, model, self.params(L, cells, sequences, batch_tokens, threads, f32_cache))
+
+    @staticmethod
+    def params(L, cells: int, sequences: int, batch_tokens: int, threads: int, f32_cache: bool):
+        """The context parameters of the runtime's layout (benchmarks/llamacpp_context.py varies them)."""
         params = L.llama_context_default_params()
         params.n_ctx = cells * sequences  # llama.cpp gives each stream n_ctx / n_seq_max cells
         params.n_batch = batch_tokens
@@ -111,10 +115,15 @@ class _Context:
         if f32_cache:  # the f32 runtime keeps f32 end to end; q8_0 keeps llama.cpp's f16 cache
             params.type_k = params.type_v = L.GGML_TYPE_F32
             params.flash_attn_type = 0  # llama.cpp's CPU flash attention rounds through f16
+        return params
+
+    def open(self, L, model, params) -> None:
+        self.L = L
         self.ctx = L.llama_init_from_model(model, params)
         if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not create a context of {cells} cells for each of {sequences} sequences")
-        self.batch = L.llama_batch_init(batch_tokens, 0, sequences)
+            raise RuntimeError(f"llama.cpp could not create a context of {params.n_ctx // params.n_seq_max} cells "
+                               f"for each of {params.n_seq_max} sequences")
+        self.batch = L.llama_batch_init(params.n_batch, 0, params.n_seq_max)
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 
     def clear(self) -> None:
@@ -123,6 +132,16 @@ class _Context:
     def copy_sequence(self, source: int, target: int) -> None:
         """`target`'s stream becomes a copy of `source`'s cells (done before the next decode)."""
         self.L.llama_memory_seq_cp(self.L.llama_get_memory(self.ctx), source, target, -1, -1)
+
+    def prefill(self, prompts: Sequence[Sequence[int]], n: int) -> np.ndarray:
+        """Each prompt run once into the stream of its first sample (sequence p * n), copied to its
+        other n - 1; the logits of each prompt's last token, one row per prompt."""
+        logits = self.decode([(token, pos, (p * n,), pos == len(prompt) - 1)
+                              for p, prompt in enumerate(prompts) for pos, token in enumerate(prompt)])
+        for p in range(len(prompts)):
+            for s in range(p * n + 1, (p + 1) * n):
+                self.copy_sequence(p * n, s)
+        return logits
 
     def decode(self, tokens: Sequence[tuple[int, int, Sequence[int], bool]]) -> np.ndarray:
         """Run (token, position, sequence ids, wants logits) entries; the logits rows of the
@@ -216,12 +235,7 @@ class LlamaCppQueryGenerator:
         """n samples per prompt: (new token ids, EOS included when reached; mean token log-prob)."""
         eos = self.tokenizer.eos_token_id
         context.clear()
-        entries = [(token, pos, (p * n,), pos == len(prompt) - 1)
-                   for p, prompt in enumerate(prompts) for pos, token in enumerate(prompt)]
-        logits = np.repeat(context.decode(entries), n, axis=0)  # sequence s = prompt s // n
-        for p in range(len(prompts)):
-            for s in range(p * n + 1, (p + 1) * n):
-                context.copy_sequence(p * n, s)
+        logits = np.repeat(context.prefill(prompts, n), n, axis=0)  # sequence s = prompt s // n
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logprobs = [0.0] * len(tokens)
         active = list(range(len(tokens)))
