@@ -6,13 +6,18 @@ ours through torch and ONNX Runtime (fp32, int8) vs sentence-transformers, same 
 
 Encoding (all-MiniLM-L6-v2 as `BiEncoder(pooling='mean', normalize=True)`, which is what its
 sentence-transformers folder computes), passages = the first --limit SQuAD dev paragraphs of the
-embedded default's data ((title, text) pairs, as the encode stage feeds them):
+embedded default's data ((title, text) pairs, as the encode stage feeds them), or with --passages
+--limit passages drawn (seeded) from a passages artifact: the 100-word chunks a run encodes:
   st        `SentenceTransformer(folder).encode`, torch fp32 (the named peer)
   torch     ours, torch fp32 (the reference of the agreement columns)
   onnx      ours, ONNX Runtime fp32 (runtime: onnx)
   onnx-int8 ours, ONNX Runtime, dynamic int8 weights (runtime: onnx, int8: true)
-  st-onnx   `SentenceTransformer(folder, backend="onnx")`, when it loads: it needs
-            `optimum[onnxruntime]`, which the project does not install (the row says so).
+  st-onnx   `SentenceTransformer(folder, backend="onnx")`, when it loads: it needs optimum-onnx,
+            which cannot be installed beside sentence-transformers 6.2 (the row says so).
+  st-BACKEND  with --st-python PYTHON --st-backends openvino[,onnx]: sentence-transformers' own
+            backend run by benchmarks/st_backend_peer.py under that environment's Python (its
+            optimum packages conflict with the project's transformers), timed from here with the
+            rest; the same for `CrossEncoder` in the scoring table.
   openvino  our ONNX export compiled by OpenVINO for the CPU (same threads, latency hint), when
             `openvino` imports; openvino-int8: that graph quantised by NNCF (static int8,
             transformer preset, calibrated on the 64 paragraphs after the timed ones), when `nncf`
@@ -26,13 +31,19 @@ Timing (benchmarks/timing.py): one untimed warm-up call each (the ONNX export an
 quantisation happen before it, cached as in the pipeline), then --repeat rounds, every system
 once per round, alternated; end to end (strings in, numpy out, tokenisation included).
 Reported: items/s median (min-max), ratio of medians vs `st` with its range; agreement with our
-torch fp32: mean / min cosine of vectors (encode), max / mean |p - p_fp32| (score).
+torch fp32: mean / min cosine of vectors (encode), max / mean |p - p_fp32| (score); and the
+ceiling (benchmarks/roofline.py): the encoder's useful GFLOP/s at each median (matrix products over
+the unpadded token counts of our tokenisation) as a share of this CPU's fp32 sgemm, measured in
+the same run beside ONNX Runtime's int8 matrix product. A system at share f of sgemm can gain at
+most (int8 peak / sgemm) / f from int8 matrix products, which bounds any runtime's speed-up here.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,6 +52,7 @@ import numpy as np
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
 from timing import cpu_name  # noqa: E402
+import roofline  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -59,18 +71,91 @@ def squad(path: Path, limit: int):
     return passages, questions
 
 
+ONNX_PEER_NOTE = ("needs optimum-onnx, whose one release (0.1.0) wants transformers < 4.58 while sentence-transformers "
+                  "6.2 wants >= 5: not installable beside it, skipped")
+
+
+def corpus_passages(path: str, limit: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(title, text) of `limit` passages drawn at random (seeded) from a passages artifact's Parquet
+    files (a file, or a folder searched recursively): the chunked corpus the encode stage reads."""
+    import pyarrow.parquet as pq
+
+    root = Path(path)
+    if not root.exists():
+        raise SystemExit(f"{path}: no such file or folder")
+    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+    if not files:
+        raise SystemExit(f"{path}: no Parquet files")
+    table = pq.ParquetDataset(files).read(columns=["title", "text"])
+    if table.num_rows < limit:
+        raise SystemExit(f"{path}: {table.num_rows} passages, fewer than --limit {limit}")
+    rows = np.random.default_rng(seed).choice(table.num_rows, size=limit, replace=False)
+    titles, texts = table.column("title").to_pylist(), table.column("text").to_pylist()
+    return [(titles[i], texts[i]) for i in sorted(rows)]
+
+
+def benchmark_passages(args, extra: int = 0) -> list[tuple[str, str]]:
+    """The timed passages (then `extra` more): --passages' corpus when given, else SQuAD paragraphs."""
+    if args.passages:
+        return corpus_passages(args.passages, args.limit + extra)
+    return squad(Path(args.squad), args.limit + extra)[0]
+
+
 def st_onnx_peer(folder: str):
     """sentence-transformers' own ONNX backend, or the reason it cannot run here."""
     try:
         import optimum  # noqa: F401
     except ImportError:
-        return None, "needs optimum[onnxruntime] (not a project dependency): skipped"
+        return None, ONNX_PEER_NOTE
     from sentence_transformers import SentenceTransformer
 
     try:
         return SentenceTransformer(folder, backend="onnx", device="cpu"), None
     except Exception as exc:  # noqa: BLE001  (an optional peer: say why, keep the run)
         return None, f"did not load: {exc}"
+
+
+class ExternalPeer:
+    """benchmarks/st_backend_peer.py under another Python: items in, a numpy array out."""
+
+    def __init__(self, python: str, job: str, folder, backend: str, args) -> None:
+        script = Path(__file__).with_name("st_backend_peer.py")
+        self.name = f"st-{backend}"
+        self.proc = subprocess.Popen(
+            [python, str(script), "--job", job, "--folder", str(folder), "--backend", backend,
+             "--threads", str(torch.get_num_threads()), "--batch-size", str(args.batch_size),
+             "--max-length", str(args.max_length)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        if not ready.strip():
+            raise RuntimeError(f"{self.name} under {python} exited before it was ready (its stderr is above)")
+
+    def __call__(self, items):
+        self.proc.stdin.write(json.dumps({"items": [list(x) for x in items]}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited mid-run (its stderr is above)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.name}: {reply['error']}")
+        return np.asarray(reply["out"], dtype=np.float32)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def external_peers(args, job: str, folder) -> dict:
+    """{name: ExternalPeer} for --st-backends under --st-python; a backend that fails to load is reported and skipped."""
+    peers = {}
+    for backend in filter(None, (args.st_backends or "").split(",")):
+        try:
+            peer = ExternalPeer(args.st_python, job, folder, backend, args)
+        except (OSError, RuntimeError) as exc:
+            print(f"{job}: st-{backend} skipped: {exc}", file=sys.stderr)
+            continue
+        peers[peer.name] = peer
+    return peers
 
 
 class _CompiledTower:
@@ -119,6 +204,23 @@ def openvino_encoders(onnx_encoder, calibration, max_length: int) -> dict:
     return out
 
 
+def flops_per_item(folder, firsts, seconds, max_length: int, truncation: str) -> float:
+    """Mean useful FLOPs of one (first, second) input through the encoder saved in `folder`."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config, tok = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    lengths = [len(ids) for ids in tok(list(firsts), list(seconds), truncation=truncation,
+                                          max_length=max_length)["input_ids"]]
+    total = roofline.encoder_flops(config.hidden_size, config.intermediate_size, config.num_hidden_layers, lengths)
+    return total / len(lengths)
+
+
+def with_ceiling(rows: list[list[str]], rates: dict, flops: float, sgemm: float) -> list[list[str]]:
+    """The rows with each system's useful GFLOP/s and its share of the CPU's fp32 sgemm."""
+    return [row + [f"{rates[row[0]] * flops / 1e9:.1f}", f"{100 * rates[row[0]] * flops / 1e9 / sgemm:.0f}%"]
+            for row in rows]
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
@@ -130,7 +232,7 @@ def bench_encode(args) -> dict:
     from tasks.dense.models import encode_side, for_inference, load_bi_encoder
 
     folder = resolve_checkpoint("minilm")
-    passages, _ = squad(Path(args.squad), args.limit)
+    passages = benchmark_passages(args)
     model = load_bi_encoder({"base": "minilm", "shared": True, "pooling": "mean", "projection_dim": None,
                              "normalize": True, "scale": 1.0})
     torch_model = for_inference(model, "cpu")
@@ -151,12 +253,16 @@ def bench_encode(args) -> dict:
     systems = {"st": peer(st), "torch": ours(torch_model), "onnx": ours(onnx_fp32), "onnx-int8": ours(onnx_int8)}
     if st_onnx is not None:
         systems["st-onnx"] = peer(st_onnx)
-    calibration, _ = squad(Path(args.squad), args.limit + 64)
+    peers = external_peers(args, "encode", folder)
+    systems.update(peers)
+    calibration = benchmark_passages(args, extra=64)
     for name, encoder in openvino_encoders(onnx_fp32, calibration[args.limit:], args.max_length).items():
         systems[name] = ours(encoder)
     for run in systems.values():
         run(passages[:8])
     seconds, last = timing.alternate({n: (lambda r, f=f: f(passages)) for n, f in systems.items()}, args.repeat)
+    for peer in peers.values():
+        peer.close()
     summaries = {n: timing.summarize(timing.rates(len(passages), s)) for n, s in seconds.items()}
     reference = np.asarray(last["torch"], dtype=np.float32)
     agreement = {}
@@ -165,9 +271,13 @@ def bench_encode(args) -> dict:
         agreement[name] = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min())}
     rows = [row + [f"{agreement[row[0]]['mean_cosine']:.6f}", f"{agreement[row[0]]['min_cosine']:.6f}"]
             for row in timing.comparison_rows(summaries, "st")]
-    table = timing.markdown_table(["system", "passages/s", "vs st torch fp32", "mean cos vs fp32", "min cos"], rows)
-    return {"passages": len(passages), "table": table, "st_onnx": st_onnx_note or "ran",
-            "rates": {n: s.median for n, s in summaries.items()}, "agreement": agreement}
+    rates = {n: s.median for n, s in summaries.items()}
+    flops = flops_per_item(folder, [t for t, _ in passages], [x for _, x in passages], args.max_length, "only_second")
+    rows = with_ceiling(rows, rates, flops, args.sgemm)
+    table = timing.markdown_table(["system", "passages/s", "vs st torch fp32", "mean cos vs fp32", "min cos",
+                                   "GFLOP/s", "of sgemm"], rows)
+    return {"passages": len(passages), "table": table, "protocol": timing.protocol_line(args.repeat, list(systems)), "st_onnx": st_onnx_note or "ran", "rates": rates,
+            "agreement": agreement, "gflop_per_item": flops / 1e9}
 
 
 def bench_score(args) -> dict:
@@ -177,12 +287,16 @@ def bench_score(args) -> dict:
     from models.onnx_runtime import OnnxCrossEncoder
 
     passages, questions = squad(Path(args.squad), max(args.pairs, 4))  # one question per paragraph
+    if args.passages:  # the corpus's chunks instead, with the same questions
+        passages = corpus_passages(args.passages, -(-args.pairs // 4))
     pairs = [(q, text) for q in questions[:4] for _, text in passages[:-(-args.pairs // 4)]][:args.pairs]
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="runtime-bench-ce-") as tmp:  # both load it into memory
         folder = CrossEncoderModel.from_base("minilm", max_length=args.max_length).save_pretrained(Path(tmp))
         ours = CrossEncoderModel.from_pretrained(folder).eval()
         st = CrossEncoder(str(folder), device="cpu", max_length=args.max_length)
+        flops = flops_per_item(folder, [q for q, _ in pairs], [x for _, x in pairs], args.max_length, "longest_first")
+        peers = external_peers(args, "score", folder)  # they load the folder before it goes
     onnx_fp32 = OnnxCrossEncoder.from_model(ours)
     onnx_int8 = OnnxCrossEncoder.from_model(ours, int8=True)
 
@@ -190,10 +304,12 @@ def bench_score(args) -> dict:
         return lambda items: m.score(items, batch_size=args.batch_size)
 
     systems = {"st": lambda items: np.asarray(st.predict(items, batch_size=args.batch_size, show_progress_bar=False)),
-               "torch": mine(ours), "onnx": mine(onnx_fp32), "onnx-int8": mine(onnx_int8)}
+               "torch": mine(ours), "onnx": mine(onnx_fp32), "onnx-int8": mine(onnx_int8), **peers}
     for run in systems.values():
         run(pairs[:8])
     seconds, last = timing.alternate({n: (lambda r, f=f: f(pairs)) for n, f in systems.items()}, args.repeat)
+    for peer in peers.values():
+        peer.close()
     summaries = {n: timing.summarize(timing.rates(len(pairs), s)) for n, s in seconds.items()}
     reference = np.asarray(last["torch"], dtype=np.float64)
     agreement = {n: {"max_abs_p_diff": float(np.abs(np.asarray(p, np.float64) - reference).max()),
@@ -201,10 +317,12 @@ def bench_score(args) -> dict:
                  for n, p in last.items()}
     rows = [row + [f"{agreement[row[0]]['max_abs_p_diff']:.2e}", f"{agreement[row[0]]['mean_abs_p_diff']:.2e}"]
             for row in timing.comparison_rows(summaries, "st")]
+    rates = {n: s.median for n, s in summaries.items()}
+    rows = with_ceiling(rows, rates, flops, args.sgemm)
     table = timing.markdown_table(["system", "pairs/s", "vs CrossEncoder.predict fp32", "max |dp| vs fp32",
-                                   "mean |dp|"], rows)
-    return {"pairs": len(pairs), "table": table, "rates": {n: s.median for n, s in summaries.items()},
-            "agreement": agreement, "st_onnx": "CrossEncoder(backend='onnx') needs optimum[onnxruntime]: skipped"}
+                                   "mean |dp|", "GFLOP/s", "of sgemm"], rows)
+    return {"pairs": len(pairs), "table": table, "protocol": timing.protocol_line(args.repeat, list(systems)), "rates": rates, "gflop_per_item": flops / 1e9,
+            "agreement": agreement, "st_onnx": ONNX_PEER_NOTE}
 
 
 def main(argv=None) -> dict:
@@ -212,28 +330,43 @@ def main(argv=None) -> dict:
     ap.add_argument("--job", choices=["encode", "score", "both"], default="both")
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
     ap.add_argument("--limit", type=int, default=24, help="passages encoded per repeat")
+    ap.add_argument("--passages", default=None, help="a passages artifact's Parquet file or folder (e.g. "
+                    "ROOT/passages/VERSION/data): draw the passages from that chunked corpus instead of SQuAD paragraphs")
     ap.add_argument("--pairs", type=int, default=24, help="pairs scored per repeat")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--st-python", default=None, help="Python of an environment with sentence-transformers' "
+                    "optimum backends (for --st-backends)")
+    ap.add_argument("--st-backends", default=None, help="comma-separated: openvino, onnx (needs --st-python)")
     timing.add_repeat_argument(ap, what="rounds of every system")
     args = ap.parse_args(argv)
+    if args.st_backends and not args.st_python:
+        ap.error("--st-backends needs --st-python (the Python of the environment that has them)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    header = (f"CPU: {cpu_name()}, {torch.get_num_threads()} intra-op threads; batch {args.batch_size}, "
-              f"max length {args.max_length}\n{timing.protocol_line(args.repeat, ['st', 'torch', 'onnx', 'onnx-int8', '(openvino, openvino-int8 where they import)'])}")
+    threads = torch.get_num_threads()
+    args.sgemm, int8_peak = roofline.sgemm_gflops(threads), roofline.int8_gemm_gops(threads)
+    torch.set_num_threads(threads)
+    header = (f"CPU: {cpu_name()}, {threads} intra-op threads; batch {args.batch_size}, "
+              f"max length {args.max_length}\nCeiling: torch fp32 sgemm {args.sgemm:.0f} GFLOP/s, ONNX Runtime int8 "
+              f"MatMulInteger {int8_peak:.0f} GOP/s ({int8_peak / args.sgemm:.2f}x), 2048^3, best of 5")
     print(header)
-    result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
-              "max_length": args.max_length, "repeat": args.repeat}
+    result = {"cpu": cpu_name(), "threads": threads, "batch_size": args.batch_size,
+              "max_length": args.max_length, "repeat": args.repeat, "passages": args.passages or "squad", "sgemm_gflops": args.sgemm,
+              "int8_gemm_gops": int8_peak}
     if args.job in ("encode", "both"):
         result["encode"] = bench_encode(args)
-        print(f"\nEncoding, {result['encode']['passages']} SQuAD passages (sentence-transformers onnx backend: "
-              f"{result['encode']['st_onnx']})\n{result['encode']['table']}")
+        source = f"passages of {args.passages}" if args.passages else "SQuAD paragraphs"
+        print(f"\nEncoding, {result['encode']['passages']} {source} (sentence-transformers onnx backend: "
+              f"{result['encode']['st_onnx']})\n{result['encode']['protocol']}\n{result['encode']['table']}")
     if args.job in ("score", "both"):
         result["score"] = bench_score(args)
-        print(f"\nCross-encoder scoring, {result['score']['pairs']} pairs ({result['score']['st_onnx']})\n"
-              f"{result['score']['table']}")
+        source = f"passages of {args.passages}" if args.passages else "SQuAD paragraphs"
+        print(f"\nCross-encoder scoring, {result['score']['pairs']} pairs, SQuAD questions x {source} "
+              f"({result['score']['st_onnx']})\n"
+              f"{result['score']['protocol']}\n{result['score']['table']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -161,9 +161,24 @@ def protocol_line(repeat: int, names: Sequence[str]) -> str:
 
 
 def cpu_name() -> str:
-    """lscpu's model name: every timing names the CPU it ran on."""
+    """lscpu's model name, with its family and model: every timing names the CPU it ran on, and
+    "AMD EPYC" alone does not tell a Zen 1 (family 23) from a Zen 3 (family 25)."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    return cpu_name_from_lscpu(out) or platform.processor() or "unknown CPU"
+
+
+def cpu_name_from_lscpu(text: str) -> str | None:
+    """"NAME (family F model M)" from lscpu's output; None without a model name."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("Model name")
+    if not name:
+        return None
+    family, model = fields.get("CPU family"), fields.get("Model")
+    return f"{name} (family {family} model {model})" if family and model else name

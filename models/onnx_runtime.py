@@ -44,10 +44,12 @@ def onnx_available() -> bool:
 
 def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
     """`auto` made concrete at planning, so the resolved runtime is what a version hashes. auto is
-    torch everywhere: on the AVX2 EPYC measured here ONNX Runtime fp32 ran at 0.99-1.14x torch fp32
-    and its int8 no faster (no VNNI), within the noise, while every model version pays a one-off
-    export and check (~5-10 s a tower); on AMX CPUs torch's bf16 autocast is the fast path
-    (benchmarks/runtime_encoding.py). onnx runs when named. A named runtime is checked, not changed."""
+    torch everywhere: on the Zen 1 EPYC ONNX Runtime fp32 ran at 0.99-1.14x torch fp32 and its int8
+    no faster (AVX2 in 128-bit halves, no VNNI); on the Zen 3 its int8 is 1.85-2.05x but moves the
+    demo's test top-20 by up to 0.4 (a batch's activations share one int8 scale), its fp32 1.26-1.45x,
+    while every model version pays a one-off export and check (~5-10 s a tower); on AMX CPUs torch's
+    bf16 autocast is the fast path (benchmarks/runtime_encoding.py, docs/benchmarks.md "CPU
+    runtimes"). onnx runs when named. A named runtime is checked, not changed."""
     if runtime not in (*_RUNTIMES, "auto"):
         raise ValueError(f"runtime must be auto, torch or onnx, got {runtime!r}")
     on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())

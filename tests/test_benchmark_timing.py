@@ -86,3 +86,11 @@ def test_repeat_floor_and_alternating_order():
     with pytest.raises(argparse.ArgumentTypeError):
         timing.alternate({"A": lambda r: r}, repeat=2)
     assert timing.rates(10, [2.0, 5.0]) == [5.0, 2.0]
+
+
+def test_cpu_name_carries_family_and_model_when_lscpu_gives_them():
+    text = "Architecture: x86_64\nVendor ID: AuthenticAMD\nModel name: AMD EPYC\nCPU family: 25\nModel: 1\n"
+    assert timing.cpu_name_from_lscpu(text) == "AMD EPYC (family 25 model 1)"
+    assert timing.cpu_name_from_lscpu("Model name: Intel(R) Xeon(R) Platinum 8480+\n") == \
+        "Intel(R) Xeon(R) Platinum 8480+"
+    assert timing.cpu_name_from_lscpu("Architecture: x86_64\n") is None

@@ -53,7 +53,7 @@ class EncodeConfig(_Strict):
         "(models/cpu_features.py: 3.33x fp32 there, slower than fp32 without AMX), off with int8 or onnx")
     int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
     runtime: Literal["auto", "torch", "onnx"] = Field(
-        "auto", description="torch (the reference) or onnx (ONNX Runtime, CPU); auto: torch (ONNX Runtime measured at parity on the CPUs here: benchmarks/runtime_encoding.py)")
+        "auto", description="torch (the reference) or onnx (ONNX Runtime, CPU); auto: torch (ONNX Runtime fp32 at parity on a Zen 1 EPYC, 1.26-1.45x on a Zen 3; its int8 1.85-2.05x there but up to 0.4 off the demo's top-20: benchmarks/runtime_encoding.py)")
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 

@@ -62,7 +62,8 @@ class CrossEncoderConfig(BaseModel):
     device: str = Field("auto", description="auto, cpu or cuda")
     runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference) or onnx "
-                            "(ONNX Runtime, CPU); auto: torch (ONNX Runtime measured at parity on the CPUs here)")
+                            "(ONNX Runtime, CPU); auto: torch (ONNX Runtime fp32 at parity on a Zen 1 EPYC, "
+                            "1.21x on a Zen 3; int8 1.58-1.74x there: benchmarks/runtime_encoding.py)")
     int8: bool = Field(False, description="CPU only: score with int8 weights (torch dynamic int8 or ORT int8)")
     seed: int = 13
 

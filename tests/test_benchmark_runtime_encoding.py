@@ -1,0 +1,76 @@
+"""benchmarks/runtime_encoding.py: its external peer (sentence-transformers run by
+benchmarks/st_backend_peer.py under another Python answers what it computes in process) and its
+passages drawn from a chunked corpus's Parquet files."""
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+ITEMS = [("Denver Broncos", "The Broncos defeated the Panthers to win the title."),
+         ("Normans", "The Normans were a people of Normandy in France."),
+         ("Warsaw", "Warsaw is the capital of Poland.")]
+
+
+@pytest.fixture(scope="module")
+def runtime_encoding():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import runtime_encoding
+        yield runtime_encoding
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def _args(**kw):
+    return Namespace(batch_size=2, max_length=64, st_python=sys.executable, **kw)
+
+
+def test_encode_peer_matches_sentence_transformers_in_process(runtime_encoding, tiny_checkpoint):
+    from sentence_transformers import SentenceTransformer
+
+    peers = runtime_encoding.external_peers(_args(st_backends="torch"), "encode", tiny_checkpoint)
+    try:
+        got = peers["st-torch"](ITEMS)
+        again = peers["st-torch"](ITEMS[:1])  # the child keeps serving
+    finally:
+        peers["st-torch"].close()
+    model = SentenceTransformer(str(tiny_checkpoint), device="cpu")
+    model.max_seq_length = 64
+    expected = model.encode(ITEMS, batch_size=2, convert_to_numpy=True)
+    assert got.shape == expected.shape == (3, 32)
+    # float32 through the same kernels in two processes: agreement to rounding, not bitwise
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(again, expected[:1], rtol=1e-4, atol=1e-5)
+
+
+def test_a_peer_that_cannot_load_is_reported_and_skipped(runtime_encoding, tmp_path, capsys):
+    peers = runtime_encoding.external_peers(_args(st_backends="torch"), "encode", tmp_path / "missing")
+    assert peers == {}
+    assert "st-torch skipped" in capsys.readouterr().err
+
+
+def test_corpus_passages_are_a_seeded_sample_of_the_artifacts_rows(runtime_encoding, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "passages" / "v1" / "data"
+    data.mkdir(parents=True)
+    for part in range(2):
+        rows = range(part * 10, part * 10 + 10)
+        pq.write_table(pa.table({"pid": [f"p{i}" for i in rows], "title": [f"t{i}" for i in rows],
+                                 "text": [f"text {i}" for i in rows]}), data / f"part-{part}.parquet")
+    drawn = runtime_encoding.corpus_passages(str(data), 5)
+    assert drawn == runtime_encoding.corpus_passages(str(data), 5)  # seeded
+    assert len(set(drawn)) == 5 and all(text == "text " + title[1:] for title, text in drawn)
+    assert {int(t[1:]) for t, _ in drawn} & set(range(10, 20))  # both files are read
+    with pytest.raises(SystemExit, match="fewer than --limit 21"):
+        runtime_encoding.corpus_passages(str(data), 21)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no Parquet files"):
+        runtime_encoding.corpus_passages(str(tmp_path / "empty"), 1)
+    with pytest.raises(SystemExit, match="no such file or folder"):
+        runtime_encoding.corpus_passages(str(tmp_path / "missing"), 1)
