@@ -15,6 +15,7 @@ a Python handler; the Python handler does the same when it gets to run first.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -77,6 +78,9 @@ def stop(signum: int) -> None:
     if not _lock.acquire(blocking=False):
         threading.Event().wait()   # the first caller is exiting the process
     try:
+        # Logging's own error reports stay quiet from here: Prefect's API log worker writes one, with
+        # no newline at its end, when the server below stops under it, and it ran into the one line.
+        logging.raiseExceptions = False
         terminate_children()
         for cleanup in _cleanups:
             try:

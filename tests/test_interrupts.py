@@ -45,6 +45,24 @@ time.sleep(1.0)                               # room for a wrongly shared signal
 print("parent goes on", worker.exitcode, flush=True)
 '''
 
+# What Prefect's API log worker does when the server it ships logs to has stopped
+# (prefect/logging/handlers.py APILogWorker._handle_batch): an error report whose last write has
+# no newline. Stopping the ephemeral server is part of the stop, so it can come at that moment.
+SHIPPING_FAILS_DURING_THE_STOP = r'''
+import logging, sys, time
+from flows.interrupts import stop_on_signals
+
+def ship_logs():
+    if logging.raiseExceptions and sys.stderr:
+        sys.stderr.write("--- Error logging to API ---\n")
+        sys.stderr.write("All connection attempts failed")
+        sys.stderr.flush()
+
+stop_on_signals([ship_logs])
+print("ready", flush=True)
+time.sleep(60)
+'''
+
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_a_process_stuck_in_c_code_with_its_children_and_one_line(tmp_path, signum):
@@ -95,3 +113,19 @@ def test_an_ignored_signal_stays_ignored(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(5)
+
+
+def test_a_log_shipping_error_during_the_stop_does_not_run_into_the_one_line():
+    process = subprocess.Popen([sys.executable, "-c", SHIPPING_FAILS_DURING_THE_STOP], cwd=PROJECT_ROOT,
+                               preexec_fn=default_signals, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 128 + signal.SIGTERM
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+    assert stderr.splitlines() == ["pforge: interrupted (SIGTERM); nothing partial was registered"]
