@@ -34,12 +34,15 @@ def _best_seconds(run: Callable[[], object], repeat: int) -> float:
 
 
 def sgemm_gflops(threads: int, n: int = 2048, repeat: int = 5) -> float:
-    """torch fp32 n x n x n matrix product, best of `repeat`, in GFLOP/s."""
+    """torch fp32 n x n x n matrix product with `threads` threads (the caller's count is kept),
+    best of `repeat`, in GFLOP/s."""
     import torch
 
-    torch.set_num_threads(threads)
+    from tasks.threads import pinned_threads
+
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n ** 3 / _best_seconds(lambda: a @ b, repeat) / 1e9
+    with pinned_threads(threads):
+        return 2 * n ** 3 / _best_seconds(lambda: a @ b, repeat) / 1e9
 
 
 def int8_gemm_gops(threads: int, n: int = 2048, repeat: int = 5) -> float:

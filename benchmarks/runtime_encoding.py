@@ -348,12 +348,12 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     args.sgemm, int8_peak = roofline.sgemm_gflops(threads), roofline.int8_gemm_gops(threads)
-    torch.set_num_threads(threads)
-    header = (f"CPU: {cpu_name()}, {threads} intra-op threads; batch {args.batch_size}, "
+    cpu = cpu_name()
+    header = (f"CPU: {cpu}, {threads} intra-op threads; batch {args.batch_size}, "
               f"max length {args.max_length}\nCeiling: torch fp32 sgemm {args.sgemm:.0f} GFLOP/s, ONNX Runtime int8 "
               f"MatMulInteger {int8_peak:.0f} GOP/s ({int8_peak / args.sgemm:.2f}x), 2048^3, best of 5")
     print(header)
-    result = {"cpu": cpu_name(), "threads": threads, "batch_size": args.batch_size,
+    result = {"cpu": cpu, "threads": threads, "batch_size": args.batch_size,
               "max_length": args.max_length, "repeat": args.repeat, "passages": args.passages or "squad", "sgemm_gflops": args.sgemm,
               "int8_gemm_gops": int8_peak}
     if args.job in ("encode", "both"):

@@ -33,6 +33,8 @@ def test_attention_term_grows_with_the_square_of_the_length():
     assert roofline.encoder_flops(8, 16, 1, [10, 10]) == pytest.approx(2 * base)
 
 
-def test_measured_peaks_are_positive_rates():
-    assert roofline.sgemm_gflops(1, n=64, repeat=1) > 0
+def test_measured_peaks_are_positive_rates_and_leave_torchs_thread_count_alone():
+    before = torch.get_num_threads()
+    assert roofline.sgemm_gflops(before + 1, n=64, repeat=1) > 0
+    assert torch.get_num_threads() == before
     assert roofline.int8_gemm_gops(1, n=64, repeat=1) > 0
