@@ -23,6 +23,18 @@ def encoder_flops(hidden: int, intermediate: int, layers: int, lengths: Sequence
     return float(sum(layers * (dense * t + 4 * t * t * hidden) for t in lengths))
 
 
+def decoder_prefill_flops(hidden: int, intermediate: int, layers: int, kv_dim: int, vocab: int,
+                          lengths: Sequence[int]) -> float:
+    """Forward FLOPs (2 per multiply-add) of a Llama-style decoder's prompt pass over prompts of
+    these token counts, each alone, with the logits of its last token only: per layer and token,
+    the query and output projections 2 * 2h^2, the key and value ones 2 * 2h * kv_dim (grouped-query
+    attention), the gated feed-forward 2 * 3hi; per layer and prompt of t tokens, the causal
+    scores and weighted sum 2 * 2 t^2 h as computed (full t x t, masked); per prompt, the
+    vocabulary projection 2hV. Element-wise work (norms, rotary, SiLU, softmax) is left out."""
+    dense = 2 * (2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate)
+    return float(sum(layers * (dense * t + 4 * t * t * hidden) + 2 * hidden * vocab for t in lengths))
+
+
 def _best_seconds(run: Callable[[], object], repeat: int) -> float:
     run()  # warm-up: first-call allocation and kernel selection
     best = float("inf")

@@ -38,3 +38,17 @@ def test_measured_peaks_are_positive_rates_and_leave_torchs_thread_count_alone()
     assert roofline.sgemm_gflops(before + 1, n=64, repeat=1) > 0
     assert torch.get_num_threads() == before
     assert roofline.int8_gemm_gops(1, n=64, repeat=1) > 0
+
+
+def test_decoder_prefill_flops_match_torchs_count_of_a_llama_prompt_pass():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+    model = LlamaForCausalLM(config).eval()
+    lengths = [5, 12]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        for t in lengths:  # each prompt alone, the last token's logits only
+            model(input_ids=torch.randint(0, 50, (1, t)), use_cache=False, logits_to_keep=1)
+    kv_dim = 2 * 32 // 4  # two key/value heads of head size 8
+    assert roofline.decoder_prefill_flops(32, 48, 2, kv_dim, 50, lengths) == counter.get_total_flops()

@@ -3,12 +3,11 @@ benchmarks/st_backend_peer.py under another Python answers what it computes in p
 passages drawn from a chunked corpus's Parquet files."""
 import sys
 from argparse import Namespace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmark_scripts import benchmark_script
 
 ITEMS = [("Denver Broncos", "The Broncos defeated the Panthers to win the title."),
          ("Normans", "The Normans were a people of Normandy in France."),
@@ -17,12 +16,8 @@ ITEMS = [("Denver Broncos", "The Broncos defeated the Panthers to win the title.
 
 @pytest.fixture(scope="module")
 def runtime_encoding():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import runtime_encoding
-        yield runtime_encoding
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_script("runtime_encoding") as module:
+        yield module
 
 
 def _args(**kw):
