@@ -30,6 +30,8 @@ from models.generator import Passage, QueryGenerator, questions_from_samples
 MAX_SEQUENCES = 256
 #: tokens per physical forward pass (the compute buffer grows with it)
 UBATCH = 512
+#: llama.cpp rounds each KV stream up to a multiple of this many cells (and says so on stderr)
+STREAM_CELL_STEP = 256
 
 
 def llamacpp_available() -> bool:
@@ -105,7 +107,9 @@ class _Context:
     def params(L, cells: int, sequences: int, batch_tokens: int, threads: int, f32_cache: bool):
         """The context parameters of the runtime's layout (benchmarks/llamacpp_context.py varies them)."""
         params = L.llama_context_default_params()
-        params.n_ctx = cells * sequences  # llama.cpp gives each stream n_ctx / n_seq_max cells
+        # llama.cpp gives each stream n_ctx / n_seq_max cells, rounded up to its step: asking for
+        # the rounded count allocates the same and keeps its "rounding down" notice off stderr
+        params.n_ctx = -(-cells // STREAM_CELL_STEP) * STREAM_CELL_STEP * sequences
         params.n_batch = batch_tokens
         params.n_ubatch = min(UBATCH, batch_tokens)
         params.n_seq_max = sequences

@@ -174,3 +174,19 @@ def test_more_samples_than_prompt_tokens(lcpp):
     n = len(lcpp.base.prompt_ids(PASSAGES[:1])[0]) + 4
     questions = lcpp.generate(PASSAGES[:1], n=n, max_new_tokens=2, batch_size=1)
     assert len(questions) == 1 and len(questions[0]) <= n
+
+
+def test_streams_are_asked_for_in_llama_cpps_own_cell_step(lcpp, capfd):
+    """Every stream gets at least the cells asked for, in the count llama.cpp allocates anyway,
+    so it has no rounding to announce on stderr (it did for every prompt length before)."""
+    from models.llamacpp_generator import STREAM_CELL_STEP
+
+    capfd.readouterr()
+    # 16 streams of 201 cells: 3,216 in all, which llama.cpp used to round up to 16 x 256, saying so
+    context = _Context(lcpp._model, cells=STREAM_CELL_STEP - 55, sequences=16, batch_tokens=32, threads=1,
+                       f32_cache=lcpp.compute_type == "float32")
+    try:
+        assert llama_cpp.llama_n_ctx(context.ctx) == 16 * STREAM_CELL_STEP
+    finally:
+        context.close()
+    assert "rounding" not in capfd.readouterr().err
