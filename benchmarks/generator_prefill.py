@@ -16,7 +16,7 @@ last-token logits, the distribution its first question token is drawn from.
   llamacpp-C       models/llamacpp_generator.py's context: every prompt in a KV stream of its own
                    (C: int8 = q8_0, float32 = f32), as its `generate` prefills
   onnx-fp32        the same forward exported to ONNX (models/onnx_runtime.export_checked), ORT
-  onnx-int8        that graph with ORT's dynamic int8 (models/onnx_runtime.INT8_SETTINGS)
+  onnx-int8        that graph with ORT's dynamic int8 (models/onnx_runtime.quantize_int8)
   onnx-int8-fp32-down  the same, the feed-forward down projections kept fp32 (their inputs, the
                    gated products, carry the largest activations)
 The ONNX rows are not a runtime of the project (generation needs a KV-cache graph too): they
@@ -71,22 +71,22 @@ def batches(prompt_ids: list[list[int]], batch_size: int) -> list[list[list[int]
     return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
-def right_padded(batch: list[list[int]], pad_id: int) -> dict[str, np.ndarray]:
-    width = max(map(len, batch))
-    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(batch), width), dtype=np.int64)
-    for row, prompt in enumerate(batch):
-        ids[row, :len(prompt)], mask[row, :len(prompt)] = prompt, 1
-    return {"input_ids": ids, "attention_mask": mask}
+def right_padded(batch: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    from models.generator import pad_sequences
+
+    return {"input_ids": pad_sequences(batch, pad_id, left=False),
+            "attention_mask": pad_sequences([[1] * len(p) for p in batch], 0, left=False)}
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
 
 
 def agreement(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
     """top-1 agreement, mean KL(p_ref || q) in nats, max |logit difference| of two (rows, vocab)."""
     ref, got = reference.astype(np.float64), other.astype(np.float64)
-    log_p = ref - ref.max(1, keepdims=True)
-    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
-    log_q = got - got.max(1, keepdims=True)
-    log_q -= np.log(np.exp(log_q).sum(1, keepdims=True))
+    log_p, log_q = _log_softmax(ref), _log_softmax(got)
     kl = (np.exp(log_p) * (log_p - log_q)).sum(1)
     return {"top1": float((ref.argmax(1) == got.argmax(1)).mean()), "kl": float(kl.mean()),
             "max_abs_dlogit": float(np.abs(ref - got).max())}
@@ -101,9 +101,7 @@ def down_projections(path: Path) -> list[str]:
 
 def onnx_systems(graph: nn.Module, vocab: int, variants: list[str], folder: Path, threads: int, pad_id: int):
     """name -> callable(batches) -> logits, for each ONNX variant (exported and quantised here)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from models.onnx_runtime import INT8_SETTINGS, export_checked, new_session
+    from models.onnx_runtime import export_checked, new_session, quantize_int8
 
     fp32 = folder / "prefill.onnx"
     export_checked(graph, INPUTS, "logits", vocab, fp32)
@@ -113,14 +111,13 @@ def onnx_systems(graph: nn.Module, vocab: int, variants: list[str], folder: Path
             continue
         target = folder / f"prefill-{variant}.onnx"
         exclude = down_projections(fp32) if variant == "int8-fp32-down" else []
-        quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=INT8_SETTINGS["per_channel"],
-                         reduce_range=INT8_SETTINGS["reduce_range"], nodes_to_exclude=exclude)
+        quantize_int8(fp32, target, nodes_to_exclude=exclude)
         paths[variant] = target
     out = {}
     for variant in variants:
         session = new_session(paths[variant], threads)
         out[f"onnx-{variant}"] = (lambda groups, s=session: np.concatenate(
-            [s.run(None, right_padded(g, pad_id))[0] for g in groups]))
+            [s.run(None, {k: v.numpy() for k, v in right_padded(g, pad_id).items()})[0] for g in groups]))
     return out
 
 
@@ -178,8 +175,7 @@ def main(argv=None) -> dict:
 
     def run_torch(batch_groups):
         with torch.inference_mode():
-            return np.concatenate([graph(**{k: torch.from_numpy(v) for k, v in right_padded(g, gen.pad_id).items()})
-                                   .numpy() for g in batch_groups])
+            return np.concatenate([graph(**right_padded(g, gen.pad_id)).numpy() for g in batch_groups])
 
     systems = {"torch": run_torch}
     onnx_variants = [v for v in args.onnx.split(",") if v]

@@ -103,11 +103,14 @@ def cached_export(module: nn.Module, extra: dict, kind: str, int8: bool, export:
 INT8_SETTINGS = {"weight_type": "QInt8", "per_channel": True, "reduce_range": True}
 
 
-def quantize_int8(source: Path, target: Path) -> None:
+def quantize_int8(source: Path, target: Path, nodes_to_exclude: Sequence[str] = ()) -> None:
+    """ORT's dynamic int8 with INT8_SETTINGS; the nodes named in `nodes_to_exclude` stay fp32
+    (benchmarks/generator_prefill.py keeps a decoder's down projections so)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8,
-                     per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"])
+                     per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
+                     nodes_to_exclude=list(nodes_to_exclude))
 
 
 def new_session(path: Path, threads: int | None = None):
