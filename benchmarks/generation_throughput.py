@@ -70,7 +70,8 @@ MAX_SOURCE_LEN = 256
 NAMES = {"peer": "plain `model.generate` loop, corpus order (peer)",
          "ours": "ours (`QueryGenerator.generate`: length-sorted batches, shared prompt cache)"}
 CT2_NAMES = {"int8": "ctranslate2 int8 (`load_ct2_generator`)", "float32": "ctranslate2 float32 (`load_ct2_generator`)"}
-LCPP_NAMES = {"int8": "llama.cpp q8_0 (`load_llamacpp_generator`)", "float32": "llama.cpp f32 (`load_llamacpp_generator`)"}
+LCPP_NAMES = {"int8": "llama.cpp q8_0 (`load_llamacpp_generator`)", "float32": "llama.cpp f32 (`load_llamacpp_generator`)",
+              "bfloat16": "llama.cpp bf16 (`load_llamacpp_generator`)"}
 SQUAD_DEV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "squad" / "dev-v1.1-partial.json"
 
 
@@ -196,7 +197,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--ct2", default="int8,float32",
                     help="CTranslate2 precisions to time beside torch (comma-separated; empty: none)")
     ap.add_argument("--llamacpp", default="int8",
-                    help="llama.cpp precisions to time beside torch (int8: q8_0, float32; comma-separated; empty: none)")
+                    help="llama.cpp precisions to time beside torch (int8: q8_0, float32, bfloat16; comma-separated; empty: none)")
     ap.add_argument("--quality", type=int, default=0,
                     help="also score N SQuAD dev paragraphs' questions per runtime (0: skip)")
     ap.add_argument("--out", help="write the results as JSON here")
@@ -228,6 +229,8 @@ def main(argv=None) -> dict:
 
     precisions = [c for c in args.ct2.split(",") if c]
     lcpp_precisions = [c for c in args.llamacpp.split(",") if c]
+    if set(lcpp_precisions) - set(LCPP_NAMES):
+        ap.error(f"--llamacpp takes {', '.join(LCPP_NAMES)}; got {args.llamacpp!r}")
     names = {**NAMES, **{f"ct2-{c}": CT2_NAMES[c] for c in precisions},
              **{f"lcpp-{c}": LCPP_NAMES[c] for c in lcpp_precisions}}
     counters = {k: StepCounter(tok.eos_token_id) for k in names}

@@ -12,21 +12,30 @@ embedded default's data ((title, text) pairs, as the encode stage feeds them), o
   torch     ours, torch fp32 (the reference of the agreement columns)
   onnx      ours, ONNX Runtime fp32 (runtime: onnx)
   onnx-int8 ours, ONNX Runtime, dynamic int8 weights (runtime: onnx, int8: true)
+  torch-bf16 ours, torch under bf16 autocast (dense.encode.bf16), with --bf16 on, or by default
+            where the CPU has bf16 units (AMX or avx512_bf16); emulated elsewhere, and slow
   st-onnx   `SentenceTransformer(folder, backend="onnx")`, when it loads: it needs optimum-onnx,
             which cannot be installed beside sentence-transformers 6.2 (the row says so).
   st-BACKEND  with --st-python PYTHON --st-backends openvino[,onnx]: sentence-transformers' own
             backend run by benchmarks/st_backend_peer.py under that environment's Python (its
             optimum packages conflict with the project's transformers), timed from here with the
             rest; the same for `CrossEncoder` in the scoring table.
-  openvino  our ONNX export compiled by OpenVINO for the CPU (same threads, latency hint), when
-            `openvino` imports; openvino-int8: that graph quantised by NNCF (static int8,
+  openvino  ours, OpenVINO at fp32 (runtime: openvino; precision hint f32); openvino-bf16: at bf16
+            (bf16: true; the hint bf16, what `auto` runs where the CPU has bf16 units), with
+            torch-bf16; openvino-int8: our ONNX export quantised by NNCF (static int8,
             transformer preset, calibrated on the 64 paragraphs after the timed ones), when `nncf`
             imports. Neither is a project dependency: they show what the next runtime would give.
 Scoring (the cross-encoder: MiniLM with a seeded one-logit head, saved as the cross_encoder
-stage saves it), pairs = the first 4 questions, each with the first --pairs/4 paragraphs:
+stage saves it, or a trained one with --cross-encoder ROOT/cross_encoder/VERSION/model), pairs =
+the first 4 questions, each with the first --pairs/4 paragraphs:
   st        `CrossEncoder(folder).predict`, torch fp32 (the peer)
   torch     ours, `CrossEncoderModel.score`, torch fp32
-  onnx      ours, ONNX Runtime fp32;  onnx-int8: ONNX Runtime int8
+  onnx      ours, ONNX Runtime fp32;  onnx-int8: ONNX Runtime int8;  torch-bf16, openvino and
+            openvino-bf16 as above
+With --auc-questions N (untimed, after the timing): the first N SQuAD questions, each with its own
+paragraph (label 1) and up to 7 other paragraphs of its article (label 0), scored by every system
+but the external peers; each one's AUC and its difference to ours torch fp32 (the issue's bar:
+within 0.005). Meaningful with a trained --cross-encoder.
 Timing (benchmarks/timing.py): one untimed warm-up call each (the ONNX export and int8
 quantisation happen before it, cached as in the pipeline), then --repeat rounds, every system
 once per round, alternated; end to end (strings in, numpy out, tokenisation included).
@@ -56,6 +65,8 @@ import roofline  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
+from models.cpu_features import has_bf16_units  # noqa: E402
 
 
 def squad(path: Path, limit: int):
@@ -177,21 +188,27 @@ class _CompiledTower:
         return self
 
 
-def openvino_encoders(onnx_encoder, calibration, max_length: int) -> dict:
-    """{'openvino': fp32[, 'openvino-int8': NNCF static int8]} of the ONNX export, where they import."""
-    try:
-        import openvino as ov
-    except ImportError:
+def openvino_encoders(model, onnx_encoder, calibration, max_length: int, bf16: bool) -> dict:
+    """{'openvino': ours at fp32[, 'openvino-bf16'][, 'openvino-int8': NNCF static int8 of the ONNX
+    export]}, where they import."""
+    from models.onnx_runtime import openvino_available
+    from tasks.dense.models import for_inference
+
+    if not openvino_available():
         return {}
-    core, path = ov.Core(), onnx_encoder.paths["passage"]
-    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
-    graph = core.read_model(str(path))
-    names, tok = onnx_encoder.input_names, onnx_encoder.tokenizer
-    out = {"openvino": _CompiledTower(core.compile_model(graph, "CPU", config), names, tok)}
+    out = {"openvino": for_inference(model, "cpu", runtime="openvino")}
+    if bf16:
+        out["openvino-bf16"] = for_inference(model, "cpu", runtime="openvino", bf16=True)
     try:
         import nncf
+        import openvino as ov
     except ImportError:
         return out
+    core, path = ov.Core(), onnx_encoder.paths["passage"]
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_PRECISION_HINT": "f32"}  # NNCF's int8 products; the rest f32, as labelled
+    graph = core.read_model(str(path))
+    names, tok = onnx_encoder.input_names, onnx_encoder.tokenizer
     batches = []
     for start in range(0, len(calibration), 8):
         chunk = calibration[start:start + 8]
@@ -242,21 +259,24 @@ def bench_encode(args) -> dict:
     st.max_seq_length = args.max_length
     st_onnx, st_onnx_note = st_onnx_peer(folder)
 
-    def ours(m):
+    def ours(m, bf16=False):
         return lambda items: encode_side(m, items, "passage", batch_size=args.batch_size,
-                                         passage_max_len=args.max_length, query_max_len=64)
+                                         passage_max_len=args.max_length, query_max_len=64, bf16=bf16)
 
     def peer(m):
         return lambda items: m.encode(items, batch_size=args.batch_size, convert_to_numpy=True,
                                       show_progress_bar=False, normalize_embeddings=False)
 
     systems = {"st": peer(st), "torch": ours(torch_model), "onnx": ours(onnx_fp32), "onnx-int8": ours(onnx_int8)}
+    if args.bf16:
+        systems["torch-bf16"] = ours(torch_model, bf16=True)
     if st_onnx is not None:
         systems["st-onnx"] = peer(st_onnx)
     peers = external_peers(args, "encode", folder)
     systems.update(peers)
     calibration = benchmark_passages(args, extra=64)
-    for name, encoder in openvino_encoders(onnx_fp32, calibration[args.limit:], args.max_length).items():
+    for name, encoder in openvino_encoders(model, onnx_fp32, calibration[args.limit:], args.max_length,
+                                           args.bf16).items():
         systems[name] = ours(encoder)
     for run in systems.values():
         run(passages[:8])
@@ -280,11 +300,30 @@ def bench_encode(args) -> dict:
             "agreement": agreement, "gflop_per_item": flops / 1e9}
 
 
+def auc_pairs(path: Path, questions: int, negatives: int = 7) -> tuple[list[tuple[str, str]], list[int]]:
+    """(question, paragraph) pairs and labels: each of the first `questions` questions (one per
+    paragraph) with its own paragraph and up to `negatives` other paragraphs of its article, the
+    nearest ones after it first (same-article paragraphs: the hard negatives at hand)."""
+    pairs, labels = [], []
+    for article in json.loads(Path(path).read_text(encoding="utf-8"))["data"]:
+        contexts = [para["context"] for para in article["paragraphs"]]
+        for i, para in enumerate(article["paragraphs"]):
+            if len(labels) and sum(labels) == questions:
+                return pairs, labels
+            if not para["qas"]:
+                continue
+            question = para["qas"][0]["question"]
+            others = [contexts[(i + k) % len(contexts)] for k in range(1, len(contexts))][:negatives]
+            pairs += [(question, para["context"])] + [(question, c) for c in others]
+            labels += [1] + [0] * len(others)
+    return pairs, labels
+
+
 def bench_score(args) -> dict:
     from sentence_transformers import CrossEncoder
 
     from models.cross_encoder import CrossEncoderModel
-    from models.onnx_runtime import OnnxCrossEncoder
+    from models.onnx_runtime import OnnxCrossEncoder, openvino_available
 
     passages, questions = squad(Path(args.squad), max(args.pairs, 4))  # one question per paragraph
     if args.passages:  # the corpus's chunks instead, with the same questions
@@ -292,19 +331,28 @@ def bench_score(args) -> dict:
     pairs = [(q, text) for q in questions[:4] for _, text in passages[:-(-args.pairs // 4)]][:args.pairs]
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="runtime-bench-ce-") as tmp:  # both load it into memory
-        folder = CrossEncoderModel.from_base("minilm", max_length=args.max_length).save_pretrained(Path(tmp))
+        folder = Path(args.cross_encoder) if args.cross_encoder else \
+            CrossEncoderModel.from_base("minilm", max_length=args.max_length).save_pretrained(Path(tmp))
         ours = CrossEncoderModel.from_pretrained(folder).eval()
         st = CrossEncoder(str(folder), device="cpu", max_length=args.max_length)
         flops = flops_per_item(folder, [q for q, _ in pairs], [x for _, x in pairs], args.max_length, "longest_first")
         peers = external_peers(args, "score", folder)  # they load the folder before it goes
     onnx_fp32 = OnnxCrossEncoder.from_model(ours)
     onnx_int8 = OnnxCrossEncoder.from_model(ours, int8=True)
+    exported = {}
+    if openvino_available():
+        exported["openvino"] = OnnxCrossEncoder.from_model(ours, runtime="openvino")
+        if args.bf16:
+            exported["openvino-bf16"] = OnnxCrossEncoder.from_model(ours, runtime="openvino", bf16=True)
 
-    def mine(m):
-        return lambda items: m.score(items, batch_size=args.batch_size)
+    def mine(m, bf16=False):
+        return lambda items: m.score(items, batch_size=args.batch_size, bf16=bf16)
 
     systems = {"st": lambda items: np.asarray(st.predict(items, batch_size=args.batch_size, show_progress_bar=False)),
                "torch": mine(ours), "onnx": mine(onnx_fp32), "onnx-int8": mine(onnx_int8), **peers}
+    if args.bf16:
+        systems["torch-bf16"] = mine(ours, bf16=True)
+    systems.update({name: mine(scorer) for name, scorer in exported.items()})
     for run in systems.values():
         run(pairs[:8])
     seconds, last = timing.alternate({n: (lambda r, f=f: f(pairs)) for n, f in systems.items()}, args.repeat)
@@ -319,9 +367,18 @@ def bench_score(args) -> dict:
             for row in timing.comparison_rows(summaries, "st")]
     rates = {n: s.median for n, s in summaries.items()}
     rows = with_ceiling(rows, rates, flops, args.sgemm)
-    table = timing.markdown_table(["system", "pairs/s", "vs CrossEncoder.predict fp32", "max |dp| vs fp32",
-                                   "mean |dp|", "GFLOP/s", "of sgemm"], rows)
-    return {"pairs": len(pairs), "table": table, "protocol": timing.protocol_line(args.repeat, list(systems)), "rates": rates, "gflop_per_item": flops / 1e9,
+    header = ["system", "pairs/s", "vs CrossEncoder.predict fp32", "max |dp| vs fp32", "mean |dp|", "GFLOP/s", "of sgemm"]
+    aucs = {}
+    if args.auc_questions:
+        from tasks.silver.classifier import auc
+
+        auc_items, labels = auc_pairs(Path(args.squad), args.auc_questions)
+        aucs = {n: auc(labels, f(auc_items)) for n, f in systems.items() if n not in peers}
+        rows = [row + ([f"{aucs[row[0]]:.4f}", f"{aucs[row[0]] - aucs['torch']:+.4f}"] if row[0] in aucs else ["", ""])
+                for row in rows]
+        header += [f"AUC ({sum(labels)} q, {len(labels)} pairs)", "vs fp32"]
+    table = timing.markdown_table(header, rows)
+    return {"pairs": len(pairs), "table": table, "auc": aucs, "cross_encoder": str(args.cross_encoder or "seeded head"), "protocol": timing.protocol_line(args.repeat, list(systems)), "rates": rates, "gflop_per_item": flops / 1e9,
             "agreement": agreement, "st_onnx": ONNX_PEER_NOTE}
 
 
@@ -340,8 +397,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--st-python", default=None, help="Python of an environment with sentence-transformers' "
                     "optimum backends (for --st-backends)")
     ap.add_argument("--st-backends", default=None, help="comma-separated: openvino, onnx (needs --st-python)")
+    ap.add_argument("--cross-encoder", default=None, help="a trained one-logit cross-encoder folder (default: "
+                    "MiniLM with a seeded head)")
+    ap.add_argument("--auc-questions", type=int, default=0, help="AUC of every system on this many questions' "
+                    "pairs (own paragraph vs 7 of its article), untimed")
+    ap.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="add ours under torch's bf16 "
+                    "autocast (torch-bf16); auto: where the CPU has bf16 units (models/cpu_features.py)")
     timing.add_repeat_argument(ap, what="rounds of every system")
     args = ap.parse_args(argv)
+    args.bf16 = args.bf16 == "on" or (args.bf16 == "auto" and has_bf16_units())
     if args.st_backends and not args.st_python:
         ap.error("--st-backends needs --st-python (the Python of the environment that has them)")
     if args.threads:

@@ -1,23 +1,30 @@
 """What this machine's processor offers, for choosing a precision per machine.
 
-bf16 autocast on a CPU is fast only with bf16 matrix units: on a Xeon with AMX (`amx_bf16`)
-encoding ran 3.33x fp32 (README, "Benchmarks"); on CPUs without them (the AVX2 AMD EPYCs of this
-project) bf16 is emulated and slower than fp32. So `auto` means bf16 on CUDA devices that support
-it and on CPUs that list `amx_bf16`, fp32 elsewhere.
+bf16 autocast on a CPU is fast only with bf16 units: AMX tiles (`amx_bf16`; encoding ran 3.33x
+fp32 on a Xeon, README "Benchmarks") or AVX-512's bf16 dot product (`avx512_bf16`; on a Zen 5 EPYC,
+torch's bf16 autocast encoded 2.50-2.90x and OpenVINO's bf16 4.36x sentence-transformers' torch fp32,
+cosine to fp32 0.99999: benchmarks/runtime_encoding.py). On CPUs without them (the AVX2 AMD EPYCs,
+Zen 1 to 3) bf16 is emulated and slower than fp32. So `auto` means bf16 on CUDA devices that support
+it and on CPUs with bf16 units, fp32 elsewhere (and there models/onnx_runtime.py runs it on OpenVINO).
 """
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
+# Another file in cpuinfo's format instead: the tests pin a CPU without bf16 units, so that every
+# machine runs the same paths (the per-CPU choices have tests of their own), subprocesses included.
+CPUINFO_ENV = "PFORGE_CPUINFO"
 
 
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The first processor's feature flags (Linux /proc/cpuinfo); empty where it cannot be read."""
+    """The first processor's feature flags (Linux /proc/cpuinfo, or the file $PFORGE_CPUINFO
+    names); empty where it cannot be read."""
     try:
-        text = CPUINFO.read_text(encoding="utf-8", errors="replace")
+        text = Path(os.environ.get(CPUINFO_ENV) or CPUINFO).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return frozenset()
     for line in text.splitlines():
@@ -27,8 +34,9 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def has_amx_bf16() -> bool:
-    return "amx_bf16" in cpu_flags()
+def has_bf16_units() -> bool:
+    """bf16 products in hardware: AMX tiles, or AVX-512's bf16 dot product (vdpbf16ps)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def auto_bf16(device: str) -> bool:
@@ -37,4 +45,4 @@ def auto_bf16(device: str) -> bool:
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device == "cpu" and has_amx_bf16()
+    return device == "cpu" and has_bf16_units()

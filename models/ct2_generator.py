@@ -22,7 +22,7 @@ from pathlib import Path
 from models.generator import Passage, QueryGenerator, questions_from_samples
 
 RUNTIMES = ("auto", "torch", "ctranslate2", "llamacpp")
-COMPUTE_TYPES = ("auto", "int8", "float32")
+COMPUTE_TYPES = ("auto", "int8", "float32", "bfloat16")
 #: model_type values (config.json) whose decoder CTranslate2's Llama loader converts
 LLAMA_FAMILY = frozenset({"llama"})
 #: packaged aliases (models/checkpoints.py) and their model_type, known without building them
@@ -50,7 +50,7 @@ def model_type_of(generator: str) -> str | None:
 
 def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, device: str) -> tuple[str, str]:
     """The (runtime, compute_type) a generation runs with: 'auto' resolved for this machine and
-    model. torch always computes in float32; CTranslate2 defaults to int8."""
+    model. torch always computes in float32; CTranslate2 and llama.cpp default to int8 (q8_0)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"qgen.generate.runtime must be one of {RUNTIMES}, got {runtime!r}")
     if compute_type not in COMPUTE_TYPES:
@@ -70,6 +70,10 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
             raise ValueError(f"qgen.generate.compute_type {compute_type!r} needs runtime llamacpp or ctranslate2 "
                              "(torch generates in float32)")
         return "torch", "float32"
+    if runtime == "ctranslate2" and compute_type == "bfloat16":
+        raise ValueError("qgen.generate.compute_type bfloat16 needs runtime llamacpp (CTranslate2 has no bf16 on the CPU)")
+    # auto stays q8_0 where bf16 is faster too: llama.cpp bf16 was 4.60x the plain loop on a Zen 5 EPYC (q8_0
+    # 2.96x) but its questions' ROUGE-L fell 2.8 below both torch seeds (docs/benchmarks.md); bfloat16 when named
     return runtime, "int8" if compute_type == "auto" else compute_type
 
 

@@ -19,7 +19,9 @@ import numpy as np
 WRITER_VERSION = 2
 
 #: qgen.generate.compute_type -> the GGUF tensor type of every matrix (norms stay f32)
-TENSOR_TYPES = {"int8": "Q8_0", "float32": "F32"}
+TENSOR_TYPES = {"int8": "Q8_0", "float32": "F32", "bfloat16": "BF16"}
+#: ... and the file type the header declares
+FILE_TYPES = {"int8": "MOSTLY_Q8_0", "float32": "ALL_F32", "bfloat16": "MOSTLY_BF16"}
 
 #: transformers parameter name (after "model.layers.N.") -> llama.cpp tensor name (after "blk.N.")
 _LAYER_NAMES = {
@@ -139,7 +141,8 @@ def gguf_tensors(weights: dict[str, np.ndarray], hp: dict) -> dict[str, np.ndarr
 
 def write_llama_gguf(source: str | Path, target: str | Path, compute_type: str) -> Path:
     """Write the transformers folder `source` as the GGUF file `target`: every matrix at
-    `compute_type` (int8: q8_0, llama.cpp's 8-bit blocks of 32 with one scale each; float32: f32),
+    `compute_type` (int8: q8_0, llama.cpp's 8-bit blocks of 32 with one scale each; float32: f32;
+    bfloat16: bf16, which llama.cpp multiplies with AVX-512's bf16 dot product where the CPU has it),
     norms in f32."""
     import gguf
 
@@ -169,7 +172,7 @@ def write_llama_gguf(source: str | Path, target: str | Path, compute_type: str) 
     writer.add_rope_freq_base(hp["rope_theta"])
     writer.add_layer_norm_rms_eps(hp["eps"])
     writer.add_vocab_size(hp["vocab"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if compute_type == "int8" else gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[compute_type]))
     # the vocabulary is written for llama.cpp's loader only ("default" pre-tokenizer: never used)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -184,7 +187,7 @@ def write_llama_gguf(source: str | Path, target: str | Path, compute_type: str) 
     writer.add_add_bos_token(False)
     for name, array in tensors.items():
         array = np.ascontiguousarray(array, dtype=np.float32)
-        # matrices whose rows split into q8_0's blocks of 32 are quantised; norms (1-D) stay f32
+        # matrices whose rows split into q8_0's blocks of 32 are quantised (or rounded to bf16); norms (1-D) stay f32
         if array.ndim == 2 and quantized != gguf.GGMLQuantizationType.F32 and array.shape[1] % 32 == 0:
             writer.add_tensor(name, gguf.quants.quantize(array, quantized), raw_dtype=quantized)
         else:

@@ -1,6 +1,6 @@
 """doc2query through llama.cpp (llama-cpp-python's C API): a Llama-family generator written once
 per model version as a GGUF file (models/gguf_export.py, cached by models/runtime_cache.py) and
-decoded by llama.cpp's CPU kernels at q8_0 (`compute_type: int8`) or f32, many sequences per step.
+decoded by llama.cpp's CPU kernels at q8_0 (`compute_type: int8`), bf16 or f32, many sequences per step.
 
 `LlamaCppQueryGenerator.generate` keeps `QueryGenerator.generate`'s contract: the same prompts
 (`prompt_ids`), up to n distinct questions per passage (`question_key`), each with its mean token

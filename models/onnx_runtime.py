@@ -1,4 +1,5 @@
-"""ONNX Runtime inference for a bi-encoder tower and the cross-encoder, at fp32 or int8.
+"""ONNX Runtime or OpenVINO inference for a bi-encoder tower and the cross-encoder: ORT at fp32 or
+int8, OpenVINO at fp32 or bf16.
 
 A tower (transformer, pooling, projection, normalisation: exactly `encode_query` /
 `encode_passage`) or the cross-encoder's logit is exported with `torch.onnx.export` (dynamic
@@ -11,6 +12,12 @@ int8: QInt8 weights, per-channel scales, reduce_range (7-bit weights). ORT's dyn
 multiplies u8 activations by s8 weights; on CPUs without VNNI (AVX2 only, as the AMD EPYCs here)
 the u8 x s8 pair sums saturate int16 with 8-bit weights, and 7-bit weights avoid it. Per-channel
 scales keep the rows with small weights from losing their precision to a few large ones.
+
+OpenVINO compiles the same cached ONNX file for the CPU with an explicit precision hint (f32, or
+bf16 where the CPU has bf16 units: its default there, made explicit so a version hashes what ran).
+On a Zen 5 EPYC (avx512_bf16) at bf16 it encoded 4.36x sentence-transformers' torch fp32 and 1.22x its
+own OpenVINO backend (cosine to fp32 0.99999), and scored 4.21x `CrossEncoder.predict` fp32 and 1.12x its
+OpenVINO backend (benchmarks/runtime_encoding.py, docs/benchmarks.md "CPU runtimes").
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -29,7 +37,7 @@ from .runtime_cache import cached_conversion
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
-_RUNTIMES = ("torch", "onnx")
+_RUNTIMES = ("torch", "onnx", "openvino")
 
 
 def onnx_available() -> bool:
@@ -42,6 +50,15 @@ def onnx_available() -> bool:
     return True
 
 
+def openvino_available() -> bool:
+    """True when OpenVINO (to run) and the ONNX exporter's packages import."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return onnx_available()
+
+
 def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
     """`auto` made concrete at planning, so the resolved runtime is what a version hashes. auto is
     torch everywhere: on the Zen 1 EPYC ONNX Runtime fp32 ran at 0.99-1.14x torch fp32 and its int8
@@ -49,10 +66,22 @@ def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
     demo's test top-20 by up to 0.4 (a batch's activations share one int8 scale), its fp32 1.26-1.45x,
     while every model version pays a one-off export and check (~5-10 s a tower); on AMX CPUs torch's
     bf16 autocast is the fast path (benchmarks/runtime_encoding.py, docs/benchmarks.md "CPU
-    runtimes"). onnx runs when named. A named runtime is checked, not changed."""
+    runtimes"). onnx runs when named. Where the CPU has bf16 units and bf16 was resolved on, auto is
+    openvino at bf16 (encoding 4.36x sentence-transformers' torch fp32 on a Zen 5 EPYC, against torch
+    bf16's 2.50-2.90x; the same cosine to fp32), torch bf16 where OpenVINO does not import. A named runtime
+    is checked, not changed."""
+    from .cpu_features import has_bf16_units
+
     if runtime not in (*_RUNTIMES, "auto"):
-        raise ValueError(f"runtime must be auto, torch or onnx, got {runtime!r}")
+        raise ValueError(f"runtime must be auto, torch, onnx or openvino, got {runtime!r}")
     on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if runtime == "openvino":
+        if on_cuda:
+            raise ValueError(f"runtime openvino runs on the CPU; the device is {device!r}")
+        if not openvino_available():
+            raise ValueError("runtime openvino needs the openvino, onnx and onnxruntime packages "
+                             "(pip install openvino onnx onnxruntime)")
+        return "openvino"
     if runtime == "onnx":
         if on_cuda:
             raise ValueError(f"runtime onnx runs on the CPU; the device is {device!r}")
@@ -63,7 +92,7 @@ def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
         return "onnx"
     if runtime == "torch":
         return "torch"
-    return "torch"
+    return "openvino" if bf16 and not on_cuda and has_bf16_units() and openvino_available() else "torch"
 
 
 def converter_versions() -> dict:
@@ -125,6 +154,26 @@ def new_session(path: Path, threads: int | None = None):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+class _OpenVinoSession:
+    """An ONNX file compiled by OpenVINO for the CPU, behind the two calls the models below make of
+    an ORT session (`get_inputs`, `run`). A request per call: threads may score with it at once."""
+
+    def __init__(self, path: Path, threads: int, bf16: bool) -> None:
+        import openvino as ov
+
+        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                  "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32"}
+        self.compiled = ov.Core().compile_model(str(path), "CPU", config)
+        self._inputs = [SimpleNamespace(name=port.get_any_name()) for port in self.compiled.inputs]
+
+    def get_inputs(self) -> list:
+        return self._inputs
+
+    def run(self, _output_names, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        result = self.compiled.create_infer_request().infer(dict(feeds))
+        return [np.array(result[self.compiled.output(0)], dtype=np.float32)]
+
+
 def _eager(module: nn.Module) -> nn.Module:
     """A float32 eval-mode copy of `module` whose transformers use eager attention: the plainest
     attention graph to trace (sdpa traced correctly here too once in eval mode; every export is
@@ -184,6 +233,11 @@ def _feeds(session, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _check_precision(runtime: str, int8: bool) -> None:
+    if int8 and runtime != "onnx":
+        raise ValueError(f"int8 weights are ONNX Runtime's dynamic int8 here; runtime {runtime} runs fp32 or bf16")
+
+
 # ------------------------------------------------------------------ bi-encoder towers
 class _Tower(nn.Module):
     """One side of a BiEncoder as positional inputs -> (batch, dim) embeddings."""
@@ -205,17 +259,24 @@ def _input_names(encoder: nn.Module) -> tuple[str, ...]:
 
 
 class _CpuSessions:
-    """What the ORT models share: one session per (graph, torch thread count), so a pinned thread
-    count gets a session of its own, and the torch model's `eval()` / `to(device)`, CPU only."""
+    """What the ORT and OpenVINO models share: one session per (graph, torch thread count), so a
+    pinned thread count gets a session of its own, and the torch model's `eval()` / `to(device)`,
+    CPU only. `runtime` is onnx (ONNX Runtime) or openvino, `bf16` OpenVINO's precision hint."""
     KIND = "ONNX Runtime model"
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: str = "onnx", bf16: bool = False) -> None:
+        if runtime not in ("onnx", "openvino"):
+            raise ValueError(f"an exported model runs on onnx or openvino, not {runtime!r}")
+        if bf16 and runtime != "openvino":
+            raise ValueError("bf16 is OpenVINO's precision here; ONNX Runtime runs fp32 or int8")
+        self.runtime, self.bf16 = runtime, bf16
         self._sessions: dict[tuple[Path, int], object] = {}
 
     def _session_for(self, path: Path):
         key = (Path(path), torch.get_num_threads())
         if key not in self._sessions:
-            self._sessions[key] = new_session(path, key[1])
+            self._sessions[key] = (_OpenVinoSession(path, key[1], self.bf16) if self.runtime == "openvino"
+                                   else new_session(path, key[1]))
         return self._sessions[key]
 
     def eval(self):
@@ -233,14 +294,16 @@ class OnnxBiEncoder(_CpuSessions):
     tasks/dense/encode.py's batching drives it as it drives the torch model."""
     KIND = "ONNX Runtime encoder"
 
-    def __init__(self, paths: dict[str, Path], input_names: Sequence[str], tokenizer, int8: bool) -> None:
-        super().__init__()
+    def __init__(self, paths: dict[str, Path], input_names: Sequence[str], tokenizer, int8: bool,
+                 runtime: str = "onnx", bf16: bool = False) -> None:
+        super().__init__(runtime, bf16)
         self.paths, self.input_names, self.tokenizer, self.int8 = paths, tuple(input_names), tokenizer, int8
 
     @classmethod
-    def from_model(cls, model, int8: bool = False) -> "OnnxBiEncoder":
+    def from_model(cls, model, int8: bool = False, runtime: str = "onnx", bf16: bool = False) -> "OnnxBiEncoder":
         from dataclasses import asdict
 
+        _check_precision(runtime, int8)
         names = _input_names(model.query_encoder)
         vocab = int(model.query_encoder.config.vocab_size)
         sides = ("query",) if model.config.shared else ("query", "passage")
@@ -254,7 +317,7 @@ class OnnxBiEncoder(_CpuSessions):
 
             paths[side] = cached_export(model, extra, "onnx_bi_encoder", int8, export)
         paths.setdefault("passage", paths["query"])
-        return cls(paths, names, model.tokenizer, int8)
+        return cls(paths, names, model.tokenizer, int8, runtime, bf16)
 
     def _run(self, side: str, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         session = self._session_for(self.paths[side])
@@ -283,13 +346,15 @@ class OnnxCrossEncoder(_CpuSessions):
     tokenisation, batches longest first) and its call signature."""
     KIND = "ONNX Runtime cross-encoder"
 
-    def __init__(self, path: Path, input_names: Sequence[str], tokenizer, max_length: int, int8: bool) -> None:
-        super().__init__()
+    def __init__(self, path: Path, input_names: Sequence[str], tokenizer, max_length: int, int8: bool,
+                 runtime: str = "onnx", bf16: bool = False) -> None:
+        super().__init__(runtime, bf16)
         self.path, self.input_names, self.tokenizer, self.max_length, self.int8 = \
             path, tuple(input_names), tokenizer, max_length, int8
 
     @classmethod
-    def from_model(cls, model, int8: bool = False) -> "OnnxCrossEncoder":
+    def from_model(cls, model, int8: bool = False, runtime: str = "onnx", bf16: bool = False) -> "OnnxCrossEncoder":
+        _check_precision(runtime, int8)
         names = _input_names(model.backbone)
         vocab = int(model.backbone.config.vocab_size)
         extra = {"cross_encoder": model.backbone.config.to_dict(), "inputs": names}
@@ -298,7 +363,7 @@ class OnnxCrossEncoder(_CpuSessions):
             export_checked(_Logit(_eager(model), names), names, "logit", vocab, out / MODEL_FILE)
 
         path = cached_export(model, extra, "onnx_cross_encoder", int8, export)
-        return cls(path, names, model.tokenizer, model.max_length, int8)
+        return cls(path, names, model.tokenizer, model.max_length, int8, runtime, bf16)
 
     def tokenize(self, pairs):
         return self.tokenizer([q for q, _ in pairs], [p for _, p in pairs], truncation="longest_first",
@@ -308,8 +373,8 @@ class OnnxCrossEncoder(_CpuSessions):
                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         if device is not None:
             self.to(device)  # refuses anything but the CPU
-        if bf16:
-            raise ValueError("bf16 autocast is a torch path; the ONNX cross-encoder runs fp32 or int8")
+        if bf16:  # OpenVINO's bf16 is its precision hint (self.bf16), set when it was loaded
+            raise ValueError("bf16 autocast is a torch path; an exported cross-encoder takes its precision when loaded")
         if not len(pairs):
             return np.zeros(0, dtype=np.float32)
         session = self._session_for(self.path)

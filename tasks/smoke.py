@@ -73,7 +73,8 @@ def smoke_overlay(raw: dict[str, Any]) -> dict[str, Any]:
         # A question is held out as the classifier's dev by a hash, with probability dev_share:
         # 8 questions at 0.5 leave both sides empty 1 time in 256.
         ce.update(max_questions=_at_most(ce.get("max_questions"), 8), dev_share=max(float(ce.get("dev_share", 0.1)), 0.5),
-                  report_max_questions=_at_most(ce.get("report_max_questions", 300), 3), batch_size=4, device="cpu")
+                  report_max_questions=_at_most(ce.get("report_max_questions", 300), 3), batch_size=4, device="cpu",
+                  bf16=False)
     silver = cfg.setdefault("silver", {})
     silver.update(max_queries=_at_most(silver.get("max_queries"), 3), shard_size=4)
     for entry in cfg.get("rerank") or []:

@@ -110,6 +110,23 @@ def tiny_generator(tmp_path_factory, shared_data):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _cpu_without_bf16_units(tmp_path_factory):
+    """Every machine runs the suite's pipelines on the same paths: `auto` resolves as on an AVX2 CPU
+    (torch fp32), subprocesses included. Where the CPU has bf16 units, auto picks OpenVINO at bf16:
+    tests/test_cpu_features.py and tests/test_onnx_runtime.py check that choice and that path."""
+    from models import cpu_features
+
+    path = tmp_path_factory.mktemp("cpu") / "cpuinfo"
+    path.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    patch = pytest.MonkeyPatch()
+    patch.setenv(cpu_features.CPUINFO_ENV, str(path))
+    cpu_features.cpu_flags.cache_clear()
+    yield
+    patch.undo()
+    cpu_features.cpu_flags.cache_clear()
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _runtime_cache(tmp_path_factory):
     """Converted models (models/runtime_cache.py) go to a folder of this run, not ~/.cache."""
     patch = pytest.MonkeyPatch()

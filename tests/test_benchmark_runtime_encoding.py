@@ -69,3 +69,32 @@ def test_corpus_passages_are_a_seeded_sample_of_the_artifacts_rows(runtime_encod
         runtime_encoding.corpus_passages(str(tmp_path / "empty"), 1)
     with pytest.raises(SystemExit, match="no such file or folder"):
         runtime_encoding.corpus_passages(str(tmp_path / "missing"), 1)
+
+
+def test_openvino_rows_are_the_project_runtime_at_each_precision(runtime_encoding, tiny_checkpoint):
+    from models import BiEncoder
+    from models.onnx_runtime import openvino_available
+    from tasks.dense.models import for_inference
+
+    if not openvino_available():
+        pytest.skip("openvino not installed")
+    model = BiEncoder.from_pretrained(str(tiny_checkpoint), shared=True, pooling="mean", normalize=True).eval()
+    rows = runtime_encoding.openvino_encoders(model, for_inference(model, "cpu", runtime="onnx"), ITEMS, 64, bf16=True)
+    assert {name: (row.runtime, row.bf16) for name, row in rows.items() if name != "openvino-int8"} == \
+        {"openvino": ("openvino", False), "openvino-bf16": ("openvino", True)}
+    assert "openvino-bf16" not in runtime_encoding.openvino_encoders(model, rows["openvino"], ITEMS, 64, bf16=False)
+
+
+def test_auc_pairs_are_each_questions_own_paragraph_and_others_of_its_article(runtime_encoding, tmp_path):
+    import json
+
+    def article(title, n):
+        return {"title": title, "paragraphs": [{"context": f"{title} {i}", "qas": [{"question": f"q {title} {i}"}]}
+                                               for i in range(n)]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"data": [article("a", 3), article("b", 10)]}))
+    pairs, labels = runtime_encoding.auc_pairs(path, questions=4)
+    assert sum(labels) == 4 and len(pairs) == len(labels) == 3 * 3 + 8
+    assert pairs[:3] == [("q a 0", "a 0"), ("q a 0", "a 1"), ("q a 0", "a 2")] and labels[:3] == [1, 0, 0]
+    last = [p for p, y in zip(pairs, labels) if p[0] == "q b 0"]
+    assert len(last) == 8 and last[0] == ("q b 0", "b 0") and {c for _, c in last[1:]} <= {f"b {i}" for i in range(1, 10)}

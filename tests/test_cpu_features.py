@@ -1,12 +1,15 @@
-"""`bf16: auto` (models/cpu_features.py): bf16 autocast where the CPU has AMX or the GPU bf16,
-fp32 elsewhere; resolved when a run is planned, so a version hashes the precision it ran."""
+"""`bf16: auto` (models/cpu_features.py): bf16 autocast where the CPU has bf16 units (AMX, avx512_bf16)
+or the GPU bf16, fp32 elsewhere; resolved when a run is planned, so a version hashes the precision it ran."""
 import pytest
 
 from models import cpu_features
 from tasks.dense.stages import EncodeConfig, EncodeParams, EncodeSettings, Origin
+from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams, ScoringSettings
 
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 XEON = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+ZEN5 = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16\n"   # AVX-512 bf16, no AMX
+SKYLAKE = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512bw\n"               # AVX-512 without bf16
 
 
 @pytest.fixture
@@ -14,7 +17,7 @@ def cpuinfo(tmp_path, monkeypatch):
     def use(text):
         path = tmp_path / "cpuinfo"
         path.write_text(text)
-        monkeypatch.setattr(cpu_features, "CPUINFO", path)
+        monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(path))
         cpu_features.cpu_flags.cache_clear()
     yield use
     cpu_features.cpu_flags.cache_clear()
@@ -26,15 +29,18 @@ def _hash(settings):
 
 def test_flags_are_read_from_cpuinfo(cpuinfo, tmp_path, monkeypatch):
     cpuinfo(XEON)
-    assert cpu_features.has_amx_bf16() and "avx512_bf16" in cpu_features.cpu_flags()
+    assert cpu_features.has_bf16_units() and "amx_bf16" in cpu_features.cpu_flags()
     cpuinfo(EPYC)
-    assert not cpu_features.has_amx_bf16() and cpu_features.cpu_flags() == {"fpu", "sse2", "avx", "avx2", "fma"}
-    monkeypatch.setattr(cpu_features, "CPUINFO", tmp_path / "absent")
+    assert not cpu_features.has_bf16_units() and cpu_features.cpu_flags() == {"fpu", "sse2", "avx", "avx2", "fma"}
+    monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(tmp_path / "absent"))
     cpu_features.cpu_flags.cache_clear()
     assert cpu_features.cpu_flags() == frozenset() and not cpu_features.auto_bf16("cpu")
 
 
-def test_auto_is_bf16_on_amx_and_fp32_without_and_hashed_as_resolved(cpuinfo):
+def test_auto_is_bf16_on_amx_and_fp32_without_and_hashed_as_resolved(cpuinfo, monkeypatch):
+    import models.onnx_runtime as ort_module
+
+    monkeypatch.setattr(ort_module, "openvino_available", lambda: False)  # torch's bf16 (OpenVINO's: below)
     cpuinfo(EPYC)
     epyc = EncodeSettings.of(EncodeConfig(device="cpu"))
     assert epyc.bf16 is False and epyc.precision == "fp32"
@@ -47,3 +53,47 @@ def test_auto_is_bf16_on_amx_and_fp32_without_and_hashed_as_resolved(cpuinfo):
     assert EncodeSettings.of(EncodeConfig(device="cpu", bf16=False)).bf16 is False
     assert EncodeSettings.of(EncodeConfig(device="cpu", int8=True)).precision == "int8"
     assert EncodeSettings.of(EncodeConfig(device="cpu", runtime="onnx")).bf16 is False
+
+
+@pytest.mark.parametrize("text, units", [(XEON, True), (ZEN5, True), (SKYLAKE, False), (EPYC, False)])
+def test_bf16_units_are_amx_or_avx512_bf16_and_auto_follows_them(cpuinfo, monkeypatch, text, units):
+    import models.onnx_runtime as ort_module
+
+    monkeypatch.setattr(ort_module, "openvino_available", lambda: True)
+    cpuinfo(text)
+    assert cpu_features.has_bf16_units() is units
+    assert cpu_features.auto_bf16("cpu") is units
+    settings = EncodeSettings.of(EncodeConfig(device="cpu"))
+    assert (settings.precision, settings.runtime) == (("bf16", "openvino") if units else ("fp32", "torch"))
+    assert settings.device("cpu") == "cpu"
+
+
+def test_scoring_auto_is_bf16_on_bf16_units_and_hashes_as_before_without(cpuinfo, monkeypatch):
+    import models.onnx_runtime as ort_module
+
+    cpuinfo(ZEN5)
+    monkeypatch.setattr(ort_module, "openvino_available", lambda: True)
+    zen5 = ScoringSettings.of(CrossEncoderConfig(device="cpu"))
+    assert zen5 == ScoringSettings(runtime="openvino", bf16=True) and zen5.precision == "bf16"
+    assert zen5.device("cpu") == "cpu" and not zen5.autocast_bf16("cpu")  # OpenVINO's bf16 is compiled in
+    torch_bf16 = ScoringSettings.of(CrossEncoderConfig(device="cpu", runtime="torch"))
+    assert torch_bf16 == ScoringSettings(runtime="torch", bf16=True) and torch_bf16.autocast_bf16("cpu")
+    monkeypatch.setattr(ort_module, "openvino_available", lambda: False)
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu")) == torch_bf16
+    # named choices win: fp32, int8 weights and ONNX Runtime keep auto off; bf16 with either is an error
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", bf16=False)) == ScoringSettings()
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", int8=True)).precision == "int8"
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", runtime="onnx")).bf16 is False
+    with pytest.raises(ValueError, match="bf16"):
+        ScoringSettings.of(CrossEncoderConfig(device="cpu", bf16=True, int8=True))
+    cpuinfo(EPYC)
+    epyc = ScoringSettings.of(CrossEncoderConfig(device="cpu"))
+    assert epyc == ScoringSettings() and not epyc.autocast_bf16("cpu")
+    assert ScoringSettings.of(CrossEncoderConfig(device="cpu", bf16=True)).bf16 is True  # named: on, emulated
+    # fp32 dumps as before bf16 existed (versions scored then still match); bf16 is hashed
+    assert ScoringSettings().model_dump(mode="json") == {"runtime": "torch", "int8": False}
+    assert ScoringSettings(bf16=True).model_dump(mode="json")["bf16"] is True
+    # the classifier trains and reports in fp32 torch: how later stages score leaves its version alone
+    trained = [CrossEncoderParams(config=CrossEncoderConfig(bf16=b), match_type="string", device="cpu",
+                                  batch_size=8).hashed() for b in (True, False, "auto")]
+    assert trained[0] == trained[1] == trained[2]

@@ -143,6 +143,9 @@ def test_auto_resolution(llama, gpt2, monkeypatch):
     assert resolve_runtime("ctranslate2", "float32", "smollm2", "auto", "cpu") == ("ctranslate2", "float32")
     with pytest.raises(ValueError, match="needs runtime llamacpp or ctranslate2"):
         resolve_runtime("torch", "int8", "smollm2", "auto", "cpu")
+    assert resolve_runtime("llamacpp", "bfloat16", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
+    with pytest.raises(ValueError, match="bfloat16 needs runtime llamacpp"):
+        resolve_runtime("ctranslate2", "bfloat16", "smollm2", "auto", "cpu")
     monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: False)
     assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
     monkeypatch.setattr(ct2_generator, "ctranslate2_available", lambda: False)

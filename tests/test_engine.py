@@ -16,7 +16,7 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    "origin.init_path", "dense_origin.init_path", "config.device",
                    "config.shard_size", "runner", "questions_per_shard", "judge_shard_size",
                    # the classifier trains and reports with torch: how later stages score is theirs to hash
-                   "config.runtime", "config.int8",
+                   "config.runtime", "config.int8", "config.bf16",
                    # checkpointing decides what a killed trainer resumes from, not what it trains
                    "train.checkpoint_every", "train.keep_checkpoints", "config.train.checkpoint_every",
                    "config.train.keep_checkpoints",

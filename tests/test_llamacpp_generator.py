@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.generator import load_generator
-from models.gguf_export import rope_permuted, write_llama_gguf
+from models.gguf_export import TENSOR_TYPES, rope_permuted, write_llama_gguf
 from tests.test_ctranslate2_generator import assert_generation_contract, assert_scores_are_the_torch_models
 from tests.test_ctranslate2_generator import gpt2, llama  # noqa: F401  (fixtures)
 from tests.test_generator import PASSAGES
@@ -32,7 +32,7 @@ def _logits(generator: LlamaCppQueryGenerator, prompt: list[int]) -> np.ndarray:
         context.close()
 
 
-@pytest.fixture(scope="module", params=["float32", "int8"])
+@pytest.fixture(scope="module", params=["float32", "int8", "bfloat16"])
 def lcpp(request, llama):  # noqa: F811
     return load_llamacpp_generator(load_generator(str(llama)), str(llama), request.param, threads=1)
 
@@ -50,9 +50,13 @@ def test_written_file_computes_the_torch_models_logits(lcpp):
     if lcpp.compute_type == "float32":
         # a few hundred float32 products and sums per logit: far below 1e-4 of the logits' range
         np.testing.assert_allclose(got, expected, atol=1e-4 * max(scale, 1.0), rtol=0)
-    else:
+    else:  # q8_0's 8-bit blocks and bf16's 8-bit mantissas: a few percent of the logits' range
         assert np.abs(got - expected).max() < 0.05 * scale
         assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.9
+    import gguf
+
+    matrices = {t.tensor_type.name for t in gguf.GGUFReader(lcpp.path).tensors if len(t.shape) == 2}
+    assert matrices == {TENSOR_TYPES[lcpp.compute_type]}  # every matrix at the precision asked for
 
 
 def test_questions_distinct_scored_and_reproducible(lcpp):
@@ -139,7 +143,7 @@ def test_only_the_llama_layout_is_written(gpt2, llama, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="rope_type = 'linear'.*runtime: torch"):
         write_llama_gguf(scaled, tmp_path / "b.gguf", "int8")
     with pytest.raises(ValueError, match="compute_type"):
-        write_llama_gguf(llama, tmp_path / "c.gguf", "bfloat16")
+        write_llama_gguf(llama, tmp_path / "c.gguf", "float16")
     with pytest.raises(ValueError, match="causal"):
         LlamaCppQueryGenerator(type("Seq2Seq", (), {"kind": "seq2seq"})(), tmp_path / "x.gguf", "int8")
 
@@ -190,3 +194,4 @@ def test_streams_are_asked_for_in_llama_cpps_own_cell_step(lcpp, capfd):
     finally:
         context.close()
     assert "rounding" not in capfd.readouterr().err
+

@@ -6,7 +6,8 @@ import torch
 
 from models import BiEncoder
 from models.cross_encoder import CrossEncoderModel
-from models.onnx_runtime import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, resolve_runtime)
+from models.onnx_runtime import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, openvino_available,
+                                 resolve_runtime)
 from tasks.dense.models import encode_side, for_inference
 
 pytestmark = pytest.mark.skipif(not onnx_available(), reason="onnx / onnxruntime not installed")
@@ -104,9 +105,23 @@ def test_an_export_that_only_holds_at_the_traced_shape_is_refused(tmp_path):
         export_checked(ShapeBaked(), ("input_ids", "attention_mask"), "out", 50, tmp_path / "m.onnx")
 
 
-def test_auto_resolves_per_device_and_precision(monkeypatch):
+@pytest.fixture
+def bf16_units(monkeypatch):
+    """Pins whether the CPU has bf16 units (models/cpu_features.py), whatever this machine has."""
+    import models.cpu_features as cpu_features
+
+    def pin(present: bool, openvino: bool = True):
+        import models.onnx_runtime as ort_module
+
+        monkeypatch.setattr(cpu_features, "has_bf16_units", lambda: present)
+        monkeypatch.setattr(ort_module, "openvino_available", lambda: openvino)
+    return pin
+
+
+def test_auto_resolves_per_device_and_precision(monkeypatch, bf16_units):
     import models.onnx_runtime as ort_module
 
+    bf16_units(False)
     assert resolve_runtime("auto", "cpu") == "torch"  # ORT at parity on the CPUs measured: no export to pay for
     assert resolve_runtime("onnx", "cpu") == "onnx"
     assert resolve_runtime("auto", "cuda") == "torch"
@@ -116,12 +131,22 @@ def test_auto_resolves_per_device_and_precision(monkeypatch):
         resolve_runtime("onnx", "cuda")
     with pytest.raises(ValueError, match="bf16"):
         resolve_runtime("onnx", "cpu", bf16=True)
+    bf16_units(True)  # bf16 units (AMX, avx512_bf16): OpenVINO at bf16, torch bf16 without OpenVINO, fp32 stays torch
+    assert resolve_runtime("auto", "cpu", bf16=True) == "openvino"
+    assert resolve_runtime("auto", "cpu", bf16=False) == "torch" and resolve_runtime("auto", "cuda", bf16=True) == "torch"
+    assert resolve_runtime("torch", "cpu", bf16=True) == "torch" and resolve_runtime("openvino", "cpu") == "openvino"
+    with pytest.raises(ValueError, match="CPU"):
+        resolve_runtime("openvino", "cuda")
+    bf16_units(True, openvino=False)
+    assert resolve_runtime("auto", "cpu", bf16=True) == "torch"
+    with pytest.raises(ValueError, match="openvino"):
+        resolve_runtime("openvino", "cpu")
     monkeypatch.setattr(ort_module, "onnx_available", lambda: False)
     with pytest.raises(ValueError, match="onnxruntime"):
         resolve_runtime("onnx", "cpu")
 
 
-def test_the_resolved_runtime_is_hashed_where_it_changes_outputs():
+def test_the_resolved_runtime_is_hashed_where_it_changes_outputs(bf16_units):
     from tasks.dense.stages import EncodeConfig, EncodeParams, EncodeSettings, Origin
     from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams, ScoringSettings
 
@@ -130,6 +155,7 @@ def test_the_resolved_runtime_is_hashed_where_it_changes_outputs():
         return settings, EncodeParams(system="s", origin=Origin(model={}), settings=settings, device="cpu",
                                       shard_size=10).hashed()
 
+    bf16_units(False)
     auto, auto_hash = encode_hash(device="cpu")
     assert auto.runtime == "torch" and auto_hash["settings"]["runtime"] == "torch"
     assert encode_hash(device="cpu", runtime="torch")[1] == auto_hash
@@ -167,3 +193,71 @@ def test_scorer_paths_and_their_agreement_with_torch(checkpoint, tmp_path):
     assert scoring_agreement(str(folder), ScoringSettings(), pairs, reference) == {}
     with pytest.raises(ValueError, match="CPU"):
         cross_encoder_on(str(folder), "cuda", ScoringSettings(runtime="onnx"))
+
+
+def test_a_judge_shard_scores_under_cpu_bf16_when_its_settings_say_so(checkpoint, tmp_path):
+    from tasks.negatives.stages import _judge_shard
+    from tasks.silver.stages import ScoreJob, ScoringSettings, cross_encoder_on
+
+    torch.manual_seed(3)
+    folder = str(CrossEncoderModel.from_base(str(checkpoint), max_length=32).save_pretrained(tmp_path / "ce"))
+    pairs = [(q, p[1]) for q in QUERIES for p in PASSAGES]
+    reference = cross_encoder_on(folder, "cpu").score(pairs)
+    dtypes = []
+    for scoring in (ScoringSettings(), ScoringSettings(bf16=True)):
+        model = cross_encoder_on(folder, "cpu", scoring)
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        hook = linear.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+        try:
+            p = _judge_shard(ScoreJob(folder, "cpu", 4, 1, scoring=scoring), (0, pairs)).column("p").to_numpy()
+        finally:
+            hook.remove()
+        np.testing.assert_allclose(p, reference, atol=0.02 if scoring.bf16 else 1e-6)
+    assert set(dtypes[:len(dtypes) // 2]) == {torch.float32} and set(dtypes[len(dtypes) // 2:]) == {torch.bfloat16}
+
+
+@pytest.mark.skipif(not openvino_available(), reason="openvino not installed")
+def test_openvino_runs_the_export_at_fp32_and_bf16_near_torch(checkpoint):
+    model = _bi_encoder(checkpoint, shared=True, pooling="mean", normalize=True)
+    fp32 = for_inference(model, "cpu", runtime="openvino")
+    bf16 = for_inference(model, "cpu", runtime="openvino", bf16=True)
+    assert isinstance(fp32, OnnxBiEncoder) and (fp32.runtime, fp32.bf16, bf16.bf16) == ("openvino", False, True)
+    for texts, side in ((QUERIES, "query"), (PASSAGES, "passage")):
+        want = _encode(model, texts, side)
+        assert np.abs(_encode(fp32, texts, side) - want).max() <= TOLERANCE * max(1.0, np.abs(want).max())
+        low = _encode(bf16, texts, side)  # bf16 where the CPU has bf16 units (f32 elsewhere: closer still)
+        cos = (low * want).sum(1) / (np.linalg.norm(low, axis=1) * np.linalg.norm(want, axis=1))
+        assert cos.min() > 0.99, cos
+    torch.manual_seed(2)
+    scorer = CrossEncoderModel.from_base(str(checkpoint), max_length=32).eval()
+    pairs = [(q, p[1]) for q in QUERIES for p in PASSAGES]
+    want = scorer.logits(pairs, batch_size=4)
+    got = OnnxCrossEncoder.from_model(scorer, runtime="openvino").logits(pairs, batch_size=4)
+    assert np.abs(got - want).max() <= TOLERANCE * max(1.0, np.abs(want).max())
+    low = OnnxCrossEncoder.from_model(scorer, runtime="openvino", bf16=True).score(pairs, batch_size=4)
+    assert np.abs(low - scorer.score(pairs)).max() < 0.02
+    with pytest.raises(ValueError, match="int8"):
+        for_inference(model, "cpu", int8=True, runtime="openvino")
+    with pytest.raises(ValueError, match="ONNX Runtime runs fp32 or int8"):
+        OnnxCrossEncoder.from_model(scorer, bf16=True)
+
+
+@pytest.mark.skipif(not openvino_available(), reason="openvino not installed")
+def test_openvino_bf16_settings_compile_bf16_and_autocast_the_training_dev_metric(checkpoint):
+    from tasks.dense.stages import EncodeSettings
+
+    model = _bi_encoder(checkpoint, shared=True, pooling="mean", normalize=True)
+    settings = EncodeSettings(batch_size=2, passage_max_len=32, query_max_len=16, dtype="float32", bf16=True,
+                              runtime="openvino")
+    compiled = settings.for_inference(model, settings.device("cuda"))  # a worker's GPU: still the CPU
+    assert (compiled.runtime, compiled.bf16) == ("openvino", True)
+    dtypes = []
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    try:  # the dev metric encodes the torch model being trained: bf16 as torch's autocast
+        settings.encode(model, QUERIES, "query", "cpu")
+    finally:
+        hook.remove()
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    vectors = settings.encode(compiled, QUERIES, "query", "cpu")
+    assert vectors.shape == (len(QUERIES), 32) and np.isfinite(vectors).all()

@@ -144,6 +144,21 @@ def test_export_loads_in_sentence_transformers_with_the_same_scores(cross_encode
     np.testing.assert_allclose(reloaded.score(pairs, device="cpu"), ours, atol=1e-6)
     assert reloaded.max_length == 48
 
+def test_bf16_scoring_autocasts_on_the_cpu_and_stays_near_fp32(cross_encoder):
+    pairs = [("what is the capital of france", "paris is the capital"), ("where does the seine flow", "the river")]
+    dtypes = []
+    first_linear = next(m for m in cross_encoder.modules() if isinstance(m, torch.nn.Linear))
+    hook = first_linear.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    try:
+        fp32 = cross_encoder.logits(pairs, device="cpu")
+        bf16 = cross_encoder.logits(pairs, device="cpu", bf16=True)
+    finally:
+        hook.remove()
+    assert dtypes == [torch.float32, torch.bfloat16]  # the products ran in bf16, on the CPU too
+    assert bf16.dtype == np.float32
+    # bf16 keeps 8 significant bits: a tiny model's logits move by a few units of 2^-8 of their size
+    np.testing.assert_allclose(bf16, fp32, atol=0.05 * max(1.0, float(np.abs(fp32).max())))
+
 
 def _toy_task():
     positives = [("capital of france", "paris is the capital of france"), ("where does the seine flow", "the seine flows through paris")]

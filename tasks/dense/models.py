@@ -28,20 +28,22 @@ def load_bi_encoder(model: dict, folder: Path | None = None):
                                      projection_dim=model["projection_dim"], normalize=model["normalize"], scale=model["scale"])
 
 
-def for_inference(model, device: str, int8: bool = False, runtime: str = "torch"):
+def for_inference(model, device: str, int8: bool = False, runtime: str = "torch", bf16: bool = False):
     """The model on `device`, in eval mode, int8-quantised when asked (CPU only); with runtime
-    'onnx', its towers exported to ONNX (cached per weights) and run by ONNX Runtime (CPU only),
-    with encode_query / encode_passage / tokenizer as the torch model has them."""
+    'onnx' or 'openvino', its towers exported to ONNX (cached per weights) and run by ONNX Runtime
+    (fp32 or int8) or OpenVINO (fp32, or bf16 with `bf16`), CPU only, with encode_query /
+    encode_passage / tokenizer as the torch model has them. torch's bf16 is autocast at call time."""
     if int8 and device != "cpu":
         raise ValueError(f"dense.encode.int8 quantises for the CPU; the device is {device!r}")
-    if runtime == "onnx":
+    if runtime in ("onnx", "openvino"):
         if device != "cpu":
-            raise ValueError(f"dense.encode.runtime onnx runs on the CPU; the device is {device!r}")
+            raise ValueError(f"dense.encode.runtime {runtime} runs on the CPU; the device is {device!r}")
         from models.onnx_runtime import OnnxBiEncoder
 
-        return OnnxBiEncoder.from_model(model.cpu().eval(), int8=int8)
+        return OnnxBiEncoder.from_model(model.cpu().eval(), int8=int8, runtime=runtime,
+                                        bf16=bf16 and runtime == "openvino")
     if runtime != "torch":
-        raise ValueError(f"runtime must be torch or onnx, got {runtime!r}")
+        raise ValueError(f"runtime must be torch, onnx or openvino, got {runtime!r}")
     model.to(device).eval()
     if int8:
         from models.quantization import quantize_dynamic_int8

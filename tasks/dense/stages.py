@@ -49,11 +49,15 @@ class EncodeConfig(_Strict):
     query_max_len: int = Field(64, ge=4)
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
     bf16: Union[bool, Literal["auto"]] = Field(
-        "auto", description="bf16 autocast while encoding; auto: on for CUDA with bf16 and for CPUs with AMX "
-        "(models/cpu_features.py: 3.33x fp32 there, slower than fp32 without AMX), off with int8 or onnx")
+        "auto", description="bf16 while encoding (torch's autocast; OpenVINO's precision hint); auto: on for CUDA "
+        "with bf16 and for CPUs with bf16 units, AMX or avx512_bf16 (models/cpu_features.py: 3.33x fp32 on an AMX "
+        "Xeon, slower than fp32 without them), off with int8 or onnx")
     int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
-    runtime: Literal["auto", "torch", "onnx"] = Field(
-        "auto", description="torch (the reference) or onnx (ONNX Runtime, CPU); auto: torch (ONNX Runtime fp32 at parity on a Zen 1 EPYC, 1.26-1.45x on a Zen 3; its int8 1.85-2.05x there but up to 0.4 off the demo's top-20: benchmarks/runtime_encoding.py)")
+    runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
+        "auto", description="torch (the reference), onnx (ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); "
+        "auto: openvino at bf16 where the CPU has bf16 units (4.36x sentence-transformers' torch fp32 on a Zen 5), "
+        "torch elsewhere (ONNX Runtime fp32 at parity on a Zen 1 EPYC, 1.26-1.45x on a Zen 3; its int8 1.85-2.05x "
+        "there but up to 0.4 off the demo's top-20: benchmarks/runtime_encoding.py)")
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 
@@ -75,7 +79,7 @@ class EncodeSettings(BaseModel):
     dtype: str
     bf16: bool
     int8: bool = False
-    runtime: Literal["torch", "onnx"] = "torch"   # resolved at planning: the runtime a version was computed with
+    runtime: Literal["torch", "onnx", "openvino"] = "torch"   # resolved at planning: the runtime a version was computed with
 
     @classmethod
     def of(cls, encode: EncodeConfig) -> "EncodeSettings":
@@ -86,7 +90,7 @@ class EncodeSettings(BaseModel):
         if bf16 == "auto":  # resolved at planning, like the runtime: a version hashes what it ran
             from models.cpu_features import auto_bf16
 
-            bf16 = (not encode.int8 and encode.runtime in ("auto", "torch")
+            bf16 = (not encode.int8 and encode.runtime in ("auto", "torch", "openvino")
                     and auto_bf16(resolve_device(encode.device)))
         return cls(**values, bf16=bf16, runtime=resolve_runtime(encode.runtime, encode.device, bf16))
 
@@ -95,16 +99,21 @@ class EncodeSettings(BaseModel):
         return "int8" if self.int8 else "bf16" if self.bf16 else "fp32"
 
     def for_inference(self, model, device: str):
-        return for_inference(model, device, self.int8, self.runtime)
+        return for_inference(model, device, self.int8, self.runtime, self.bf16)
 
     def device(self, configured: str) -> str:
         """Where vectors are computed: the CPU for onnx and int8 (a worker of a planned-on-CPU
         version may see a GPU), else the configured device ('auto' resolved here)."""
-        return "cpu" if self.runtime == "onnx" or self.int8 else resolve_device(configured)
+        return "cpu" if self.runtime in ("onnx", "openvino") or self.int8 else resolve_device(configured)
 
     def encode(self, model, texts, side: str, device: str, **kw):
+        # bf16 is torch's autocast for a torch model (the dev metric's model in training, whatever the
+        # runtime: no export per evaluation) and compiled into an OpenVINO one
+        import torch
+
         return encode_side(model, texts, side, batch_size=self.batch_size, passage_max_len=self.passage_max_len,
-                           query_max_len=self.query_max_len, dtype=self.dtype, bf16=self.bf16, device=device, **kw)
+                           query_max_len=self.query_max_len, dtype=self.dtype,
+                           bf16=self.bf16 and isinstance(model, torch.nn.Module), device=device, **kw)
 
 
 class Origin(BaseModel):
@@ -210,7 +219,7 @@ def _encode_shard(job: _EncodeJob, spec: tuple[str, int, int, int]):
     path, start, stop, done = spec
     device = job.settings.device(job.device)
     model = worker_cached(("bi_encoder", job.origin.model_dump_json(), job.folder, device, job.settings.int8,
-                           job.settings.runtime),
+                           job.settings.runtime, job.settings.bf16),
                           lambda: job.settings.for_inference(job.origin.load_from(job.folder and Path(job.folder)), device))
     rows = read_rows(Path(path), start, stop, ["pid", "title", "text"])
     pairs = list(zip(rows.column("title").to_pylist(), rows.column("text").to_pylist()))

@@ -179,14 +179,15 @@ def _bm25_candidates(params: MineParams, inputs: dict[str, Artifact], synthetic:
 
 def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:
     """Shard i's (question, passage) pairs scored by the classifier (a silver `ScoreJob`): p per pair, in order."""
-    from tasks.dense.models import resolve_device
     from tasks.progress import progress_logger
     from tasks.silver.stages import cross_encoder_on
 
     i, pairs = spec
-    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
-    p = cross_encoder_on(job.model, device, job.scoring).score(pairs, job.batch_size, device=device, bf16=device == "cuda",
-                                                 progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: judged"))
+    device = job.scoring.device(job.device)
+    p = cross_encoder_on(job.model, device, job.scoring).score(pairs, job.batch_size, device=device,
+                                                               bf16=job.scoring.autocast_bf16(device),
+                                                               progress=progress_logger(
+                                                                   f"{job.label}: shard {i + 1}/{job.n_shards}: judged"))
     return pa.table({"p": pa.array(p, pa.float32())})
 
 

@@ -63,18 +63,18 @@ class _RerankJob:
 
 def _rerank_shard(job: _RerankJob, spec: tuple[int, pa.Table, dict, dict]) -> pa.Table:
     """Shard i: its questions' run, reranked (the shard carries their questions and passages' texts)."""
-    from tasks.dense.models import resolve_device
     from tasks.progress import progress_logger
     from tasks.rerank.rerank import rerank_run
     from tasks.silver.stages import cross_encoder_on
 
     i, part, question_of, text_of = spec
-    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
+    device = job.scoring.device(job.device)
     model = cross_encoder_on(job.model, device, job.scoring)
     log = progress_logger(f"{job.system}: shard {i + 1}/{job.n_shards}: pairs")
 
     def scorer(pairs):
-        return model.logits(pairs, batch_size=job.batch_size, device=device, bf16=device == "cuda", progress=log)
+        return model.logits(pairs, batch_size=job.batch_size, device=device, bf16=job.scoring.autocast_bf16(device),
+                            progress=log)
     return rerank_run(part, question_of, text_of, scorer, job.depth, job.system)
 
 

@@ -16,11 +16,11 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from storage import Artifact
 from storage.parquet import write_table
@@ -60,11 +60,17 @@ class CrossEncoderConfig(BaseModel):
     report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
     batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
     device: str = Field("auto", description="auto, cpu or cuda")
-    runtime: Literal["auto", "torch", "onnx"] = Field(
-        "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference) or onnx "
-                            "(ONNX Runtime, CPU); auto: torch (ONNX Runtime fp32 at parity on a Zen 1 EPYC, "
-                            "1.21x on a Zen 3; int8 1.58-1.74x there: benchmarks/runtime_encoding.py)")
+    runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
+        "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference), onnx "
+                            "(ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); auto: openvino at bf16 "
+                            "where the CPU has bf16 units, torch elsewhere (ONNX Runtime fp32 at parity on a Zen 1 "
+                            "EPYC, 1.21x on a Zen 3; int8 1.58-1.74x there: benchmarks/runtime_encoding.py)")
     int8: bool = Field(False, description="CPU only: score with int8 weights (torch dynamic int8 or ORT int8)")
+    bf16: Union[bool, Literal["auto"]] = Field(
+        "auto", description="CPU scoring in bf16 (torch's autocast; OpenVINO's precision hint); auto: on where the "
+                            "CPU has bf16 units (AMX, avx512_bf16: OpenVINO bf16 4.21x CrossEncoder.predict fp32 on a "
+                            "Zen 5 EPYC, torch bf16 2.71x) without int8 or onnx, off elsewhere. CUDA scoring "
+                            "autocasts to bf16 whatever this says")
     seed: int = 13
 
 
@@ -72,21 +78,48 @@ class ScoringSettings(BaseModel):
     """How the classifier scores (hashed by every stage that scores with it): the runtime,
     resolved at planning, and the precision."""
     model_config = ConfigDict(frozen=True, extra="forbid")
-    runtime: Literal["torch", "onnx"] = "torch"
+    runtime: Literal["torch", "onnx", "openvino"] = "torch"
     int8: bool = False
+    bf16: bool = False   # bf16 on the CPU: torch's autocast or OpenVINO's hint (CUDA autocasts regardless, as before)
+
+    @model_serializer(mode="wrap")
+    def _without_fp32_default(self, handler):
+        # bf16 came later: off, it stays out of the dump, so versions hashed before it still match
+        out = handler(self)
+        if not self.bf16:
+            out.pop("bf16", None)
+        return out
 
     @classmethod
     def of(cls, config: CrossEncoderConfig) -> "ScoringSettings":
+        from models.cpu_features import has_bf16_units
         from models.onnx_runtime import resolve_runtime
 
         on_cuda = config.device.startswith("cuda") or (config.device == "auto" and _cuda_present())
         if config.int8 and on_cuda:
             raise ValueError(f"cross_encoder.int8 quantises for the CPU; the device is {config.device!r} (CUDA here)")
-        return cls(runtime=resolve_runtime(config.runtime, config.device), int8=config.int8)
+        if config.bf16 is True and (config.int8 or config.runtime == "onnx"):
+            raise ValueError(f"cross_encoder.bf16 cannot go with {'int8' if config.int8 else 'runtime onnx'}")
+        # resolved at planning, like the runtime: a version hashes the precision it was scored at
+        bf16 = (config.bf16 is True or (config.bf16 == "auto" and has_bf16_units())) \
+            and not on_cuda and not config.int8 and config.runtime != "onnx"
+        return cls(runtime=resolve_runtime(config.runtime, config.device, bf16), int8=config.int8, bf16=bf16)
 
     @property
     def precision(self) -> str:
-        return "int8" if self.int8 else "fp32"
+        return "int8" if self.int8 else "bf16" if self.bf16 else "fp32"
+
+    def device(self, configured: str) -> str:
+        """Where pairs are scored: the CPU for every path but torch fp32 (onnx, int8, CPU bf16; a
+        worker of a planned-on-CPU version may see a GPU), else the configured device resolved."""
+        from tasks.dense.models import resolve_device
+
+        return "cpu" if self != ScoringSettings() else resolve_device(configured)
+
+    def autocast_bf16(self, device: str) -> bool:
+        """torch's bf16 autocast while scoring on `device`: on CUDA always (as before), on the CPU when
+        resolved so (OpenVINO's bf16 is compiled in)."""
+        return device == "cuda" or (self.bf16 and self.runtime == "torch")
 
 
 def _cuda_present() -> bool:
@@ -113,7 +146,7 @@ class CrossEncoderParams(StageParams):
     # The stage trains and reports with torch: how later stages score does not change its output.
     # config.model is always empty here (a named model is imported, not trained): out of the hash,
     # so versions trained before it existed still match.
-    RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.train.checkpoint_every",
+    RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.bf16", "config.train.checkpoint_every",
                          "config.train.keep_checkpoints", "config.model", "start_folder"})
     config: CrossEncoderConfig
     match_type: str
@@ -409,10 +442,10 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
 
 def cross_encoder_on(folder: str, device: str, scoring: ScoringSettings | None = None):
     """The classifier of `folder` on `device` as `scoring` says (torch fp32 by default; int8; or
-    ONNX Runtime, CPU only), loaded once per process (shards of the silver and rerank stages
+    ONNX Runtime or OpenVINO, CPU only), loaded once per process (shards of the silver and rerank stages
     share it). In eval mode: threads may score with it at once."""
     scoring = scoring or ScoringSettings()
-    return worker_cached(("cross_encoder", folder, device, scoring.runtime, scoring.int8),
+    return worker_cached(("cross_encoder", folder, device, scoring.runtime, scoring.int8, scoring.bf16),
                          lambda: load_scorer(folder, device, scoring))
 
 
@@ -421,14 +454,14 @@ def load_scorer(folder: str, device: str, scoring: ScoringSettings):
     from models.cross_encoder import CrossEncoderModel
 
     model = CrossEncoderModel.from_pretrained(folder).eval()
-    if scoring.runtime == "onnx" or scoring.int8:
+    if scoring.runtime != "torch" or scoring.int8:
         if device != "cpu":
             raise ValueError(f"cross_encoder runtime {scoring.runtime} {scoring.precision} scores on the CPU; "
                              f"the device is {device!r}")
-    if scoring.runtime == "onnx":
+    if scoring.runtime != "torch":
         from models.onnx_runtime import OnnxCrossEncoder
 
-        return OnnxCrossEncoder.from_model(model, int8=scoring.int8)
+        return OnnxCrossEncoder.from_model(model, int8=scoring.int8, runtime=scoring.runtime, bf16=scoring.bf16)
     if scoring.int8:
         from models.quantization import quantize_dynamic_int8
 
@@ -469,16 +502,15 @@ class ScoreJob:
 
 def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):
     """Shard i's candidates scored, with the texts of their passages (the shard carries them)."""
-    from tasks.dense.models import resolve_device
     from tasks.progress import progress_logger
     from tasks.silver.labelling import SCORED, score_candidates
 
     i, shard, text_of = spec
     if not shard:
         return SCORED.empty_table()
-    device = "cpu" if job.scoring != ScoringSettings() else resolve_device(job.device)
+    device = job.scoring.device(job.device)
     return score_candidates(cross_encoder_on(job.model, device, job.scoring), shard, text_of, job.batch_size, device,
-                            bf16=device == "cuda", progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: pairs"))
+                            bf16=job.scoring.autocast_bf16(device), progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: pairs"))
 
 
 def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
