@@ -50,7 +50,8 @@ def model_type_of(generator: str) -> str | None:
 
 def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, device: str) -> tuple[str, str]:
     """The (runtime, compute_type) a generation runs with: 'auto' resolved for this machine and
-    model. torch always computes in float32; CTranslate2 and llama.cpp default to int8 (q8_0)."""
+    model. torch always computes in float32; CTranslate2 defaults to int8, llama.cpp to q8_0, or to
+    bf16 where both the CPU and the llama.cpp build multiply bf16 in hardware."""
     if runtime not in RUNTIMES:
         raise ValueError(f"qgen.generate.runtime must be one of {RUNTIMES}, got {runtime!r}")
     if compute_type not in COMPUTE_TYPES:
@@ -72,9 +73,13 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
         return "torch", "float32"
     if runtime == "ctranslate2" and compute_type == "bfloat16":
         raise ValueError("qgen.generate.compute_type bfloat16 needs runtime llamacpp (CTranslate2 has no bf16 on the CPU)")
-    # auto stays q8_0 where bf16 is faster too: llama.cpp bf16 was 4.60x the plain loop on a Zen 5 EPYC (q8_0
-    # 2.96x) but its questions' ROUGE-L fell 2.8 below both torch seeds (docs/benchmarks.md); bfloat16 when named
-    return runtime, "int8" if compute_type == "auto" else compute_type
+    if compute_type == "auto":
+        from models.llamacpp_generator import llamacpp_bf16_in_hardware
+
+        # llama.cpp bf16: 4.60x the plain loop on a Zen 5 EPYC against q8_0's 2.96x, its questions' quality as
+        # q8_0's over two seeds (docs/benchmarks.md); emulated, and slow, without AVX-512 bf16
+        return runtime, "bfloat16" if runtime == "llamacpp" and llamacpp_bf16_in_hardware() else "int8"
+    return runtime, compute_type
 
 
 def convert(source: str | Path, compute_type: str) -> Path:

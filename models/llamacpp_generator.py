@@ -42,6 +42,19 @@ def llamacpp_available() -> bool:
     return True
 
 
+def llamacpp_bf16_in_hardware() -> bool:
+    """Whether llama.cpp multiplies bf16 matrices in hardware here: the CPU has bf16 units
+    (models/cpu_features.py) and the loaded build uses AVX-512's bf16 dot product (`make install`
+    compiles for the machine's CPU; a build for any AVX2 CPU, as the Dockerfile's, emulates it)."""
+    from models.cpu_features import has_bf16_units
+
+    if not (has_bf16_units() and llamacpp_available()):
+        return False
+    import llama_cpp
+
+    return "AVX512_BF16 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
 def convert(source: str | Path, compute_type: str) -> Path:
     """The GGUF file of the transformers folder `source` at `compute_type`, cached per model
     version, precision and writer versions."""

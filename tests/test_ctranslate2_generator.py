@@ -132,6 +132,7 @@ def test_auto_resolution(llama, gpt2, monkeypatch):
     from models import llamacpp_generator
 
     monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: True)
+    monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: False)
     assert resolve_runtime("auto", "auto", str(llama), "auto", "cpu") == ("llamacpp", "int8")
     assert resolve_runtime("auto", "auto", "smollm2", "causal", "cpu") == ("llamacpp", "int8")
     assert resolve_runtime("auto", "float32", "smollm2", "auto", "cpu") == ("llamacpp", "float32")
@@ -144,6 +145,11 @@ def test_auto_resolution(llama, gpt2, monkeypatch):
     with pytest.raises(ValueError, match="needs runtime llamacpp or ctranslate2"):
         resolve_runtime("torch", "int8", "smollm2", "auto", "cpu")
     assert resolve_runtime("llamacpp", "bfloat16", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
+    monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: True)  # a Zen 5, built natively
+    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
+    assert resolve_runtime("auto", "int8", "smollm2", "auto", "cpu") == ("llamacpp", "int8")  # named: kept
+    assert resolve_runtime("ctranslate2", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
+    monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: False)
     with pytest.raises(ValueError, match="bfloat16 needs runtime llamacpp"):
         resolve_runtime("ctranslate2", "bfloat16", "smollm2", "auto", "cpu")
     monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: False)

@@ -64,8 +64,8 @@ class GenerateConfig(_Strict):
         "'auto': on a CPU, for a Llama-family causal generator (e.g. smollm2), llamacpp when llama_cpp imports, else "
         "ctranslate2 when it imports; else torch"))
     compute_type: Literal["auto", "int8", "float32", "bfloat16"] = Field("auto", description=(
-        "llamacpp's and ctranslate2's precision ('auto': int8, llama.cpp's q8_0; bfloat16: llamacpp only, fast where "
-        "the CPU and the llama.cpp build have AVX-512 bf16); torch always generates in float32"))
+        "llamacpp's and ctranslate2's precision ('auto': int8, llama.cpp's q8_0, or for llamacpp bfloat16 where the CPU "
+        "and the llama.cpp build have AVX-512 bf16; bfloat16: llamacpp only); torch always generates in float32"))
 
 
 class QgenConfig(_Strict):
