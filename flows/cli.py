@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     refresh.add_argument("--dump", help="the newer dump: a path, a glob (the newest match) or a URL with an optional "
                                         "{date} (default: the config's refresh.dump, else its own dump read again)")
     compare = sub.add_parser("compare", help="A's top-k accuracy (or nDCG@k, without answers) minus B's with its "
-                                             "paired bootstrap 95% interval, from the newest evaluation that scored both")
+                                             "paired bootstrap 95%% interval, from the newest evaluation that scored both")
     compare.add_argument("system_a")
     compare.add_argument("system_b")
     compare.add_argument("--split", default="test", help="the questions resampled (default test)")

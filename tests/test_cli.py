@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flows.cli import main
+from flows.cli import COMMANDS, main
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT
 
@@ -114,3 +114,12 @@ def test_nproc_launches_flows_ddp_under_torchrun(tmp_path, monkeypatch):
     assert main(["run", str(config), "--stage", "train:dpr", "--nproc", "2", "--root", str(tmp_path)]) == 0
     assert launched == [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                          "-m", "flows.ddp", str(config), "--stage", "train:dpr", "--root", str(tmp_path)]]
+
+
+@pytest.mark.parametrize("command", [[]] + [[name] for name in sorted(COMMANDS)])
+def test_every_help_page_prints(command, capsys):
+    # argparse %-formats help strings: a bare '%' in one (as '95% interval' was) crashed `pforge --help`
+    with pytest.raises(SystemExit) as exit_info:
+        main(command + ["--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: pforge")
