@@ -6,7 +6,7 @@ quality of each runtime against SQuAD dev gold questions.
     HF_HUB_OFFLINE=1 python benchmarks/generation_throughput.py [--passages P.parquet|FOLDER] \
         [--limit 64] [--generator smollm2] [--queries-per-passage 5] [--max-new-tokens 24] \
         [--batch-size 16] [--threads 2] [--repeat 5] [--seed 0] [--device cpu|cuda] \
-        [--ct2 int8,float32] [--llamacpp int8,float32] [--quality 32] [--out r.json]
+        [--ct2 int8,float32] [--llamacpp int8,float32] [--quality 32] [--quality-seeds 6] [--quality-only] [--out r.json]
 
 Without --passages, the passages are the embedded default's SQuAD dev articles (squad-open.yaml)
 cut into DPR's 100-word chunks by the project's chunker.
@@ -35,7 +35,9 @@ Quality (--quality N): the first N SQuAD dev paragraphs that have gold questions
 from torch seed S, torch seed S+1 and each CTranslate2 precision at seed S: BLEU-4 and ROUGE-L
 against the paragraph's gold questions (tasks/qgen/quality.py, as the synthetic_queries stage
 scores), and the round trip: the share of generated questions whose own paragraph BM25 (bm25s,
-over the N paragraphs) ranks first. The two torch seeds' difference is the noise yardstick.
+over the N paragraphs) ranks first. The two torch seeds' difference is the noise yardstick; with
+--quality-seeds K every system writes at seeds S..S+K-1 and gets its mean, standard deviation and
+range (one seed's ROUGE-L moves by 1-2 points); --quality-only skips the timing.
 
 All sample (top-p 0.95, top-k 25, temperature 1), so their outputs differ and may stop at EOS at
 different steps: the script reports the mean number of generated tokens per query (up to and
@@ -122,20 +124,34 @@ def quality(generated: list[list[tuple[str, float]]], paragraphs) -> dict:
 
 
 def quality_table(args, gen, runtime_gens: dict, C: int, M: int, B: int) -> dict:
-    """BLEU-4 / ROUGE-L / round trip of torch at two seeds and each other runtime (name -> generator)."""
+    """BLEU-4 / ROUGE-L / round trip of torch and each other runtime (name -> generator): torch at
+    two seeds and each runtime at one, or every system at --quality-seeds seeds, with each system's
+    mean, standard deviation and range over its seeds."""
+    import statistics
+
     paragraphs = squad_paragraphs(args.quality)
     items = [p for p, _ in paragraphs]
     kw = dict(n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, max_source_len=MAX_SOURCE_LEN)
-    runs = {f"torch seed {args.seed}": lambda: gen.generate(items, seed=args.seed, device=args.device, **kw),
-            f"torch seed {args.seed + 1}": lambda: gen.generate(items, seed=args.seed + 1, device=args.device, **kw)}
+    k = args.quality_seeds
+    runs = {f"torch seed {s}": (lambda s=s: gen.generate(items, seed=s, device=args.device, **kw))
+            for s in range(args.seed, args.seed + (k or 2))}
     for name, g in runtime_gens.items():
-        runs[f"{name} seed {args.seed}"] = lambda g=g: g.generate(items, seed=args.seed, **kw)
+        for s in range(args.seed, args.seed + (k or 1)):
+            runs[f"{name} seed {s}"] = lambda g=g, s=s: g.generate(items, seed=s, **kw)
     scores = {name: quality(run(), paragraphs) for name, run in runs.items()}
     print(f"\n## Quality: {len(paragraphs)} SQuAD dev paragraphs ({sum(len(q) for _, q in paragraphs)} gold "
           f"questions), {C} questions each, same settings\n")
     rows = [[name, f"{s['bleu4']:.2f}", f"{s['rougeL']:.2f}", f"{s['bm25_own_paragraph_first']:.3f}", s["questions"]]
             for name, s in scores.items()]
     print(timing.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first", "questions"], rows))
+    if k > 1:  # one seed's questions are noisy: each system's spread over its seeds
+        summary = []
+        for system in ["torch", *runtime_gens]:
+            seeds = [s for name, s in scores.items() if name.rsplit(" seed ", 1)[0] == system]
+            summary.append([system] + [f"{statistics.mean(v):.2f} ({statistics.stdev(v):.2f}; {min(v):.2f}-{max(v):.2f})"
+                                       for v in ([s[m] for s in seeds] for m in ("bleu4", "rougeL", "bm25_own_paragraph_first"))])
+        print(f"\nOver seeds {args.seed}-{args.seed + k - 1}: mean (standard deviation; min-max)\n")
+        print(timing.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first"], summary))
     return scores
 
 
@@ -200,8 +216,13 @@ def main(argv=None) -> dict:
                     help="llama.cpp precisions to time beside torch (int8: q8_0, float32, bfloat16; comma-separated; empty: none)")
     ap.add_argument("--quality", type=int, default=0,
                     help="also score N SQuAD dev paragraphs' questions per runtime (0: skip)")
+    ap.add_argument("--quality-seeds", type=int, default=0, help="score every system at this many seeds (--seed "
+                    "on), with each one's mean and spread (0: torch at two seeds, the other runtimes at one)")
+    ap.add_argument("--quality-only", action="store_true", help="the quality table only, no timing")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.quality_only and not args.quality:
+        ap.error("--quality-only needs --quality N")
 
     torch.set_num_threads(args.threads)
     from models import resolve_checkpoint
@@ -219,13 +240,6 @@ def main(argv=None) -> dict:
     def peer_encode(batch: list[str]):
         return tok(batch, padding=True, padding_side="left", truncation=True,
                    max_length=MAX_SOURCE_LEN, return_tensors="pt")
-
-    # the same inputs: the peer's ids without padding must be ours
-    differ = 0
-    for s in range(0, len(prompts), B):
-        enc = peer_encode(prompts[s:s + B])
-        for row, mask, ours_ids in zip(enc["input_ids"], enc["attention_mask"], prompt_ids[s:s + B]):
-            differ += row[mask.bool()].tolist() != ours_ids
 
     precisions = [c for c in args.ct2.split(",") if c]
     lcpp_precisions = [c for c in args.llamacpp.split(",") if c]
@@ -280,6 +294,18 @@ def main(argv=None) -> dict:
         fns[f"lcpp-{c}"] = (lambda items, g=lcpp: g.generate(
             items, n=C, top_p=TOP_P, top_k=TOP_K, max_new_tokens=M, batch_size=B, seed=args.seed,
             max_source_len=MAX_SOURCE_LEN))
+    if args.quality_only:
+        result = {"args": vars(args), "quality": quality_table(args, gen, ct2_gens, C, M, B)}
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        return result
+    # the same inputs: the peer's ids without padding must be ours
+    differ = 0
+    for s in range(0, len(prompts), B):
+        enc = peer_encode(prompts[s:s + B])
+        for row, mask, ours_ids in zip(enc["input_ids"], enc["attention_mask"], prompt_ids[s:s + B]):
+            differ += row[mask.bool()].tolist() != ours_ids
+
     for k, f in fns.items():  # warm-up, untimed
         f(passages[:4])
         counters[k].reset()

@@ -2,7 +2,8 @@
 dev loss it reaches, ours against the model's own loss, same run, steps interleaved.
 
     HF_HUB_OFFLINE=1 python benchmarks/generator_finetune.py [--generator smollm2] [--batch-size 8] \
-        [--steps-per-repeat 2] [--repeat 5] [--lr 1e-4] [--top-layers 15] [--threads 2] [--out r.json]
+        [--steps-per-repeat 2] [--repeat 5] [--lr 1e-4] [--top-layers 15] [--threads 2] \
+        [--systems model-loss,ours,ours-bf16] [--out r.json]
 
 Pairs: SQuAD dev (the embedded default's data), ((title, paragraph), its first question); train
 pairs from the first 40 articles, dev pairs (48) from the last 8, as the demo's article split does
@@ -16,6 +17,9 @@ pairs from the first 40 articles, dev pairs (48) from the last 8, as the demo's 
               transformer layers frozen: the backward pass stops below layer L-N
   ours-lora   ours through a LoRA adapter (peft, r 16, alpha 32, every linear layer of the
               blocks), when peft imports; peft is not a project dependency
+  ours-bf16   ours under torch's CPU bf16 autocast, as the trainer runs `bf16: on` (fast where the
+              CPU has bf16 units: AMX or avx512_bf16; emulated elsewhere)
+--systems picks some of them (model-loss, the peer, always runs).
 Timing (benchmarks/timing.py): one untimed warm-up step each, then --repeat rounds of
 --steps-per-repeat steps per system, alternated; reported as seconds per step, median (min-max),
 and the ratio of medians against model-loss. Quality: each system's dev loss (ours, eval mode)
@@ -80,6 +84,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--top-layers", type=int, default=15, help="ours-top-N: how many top layers train")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-source-len", type=int, default=256)
+    ap.add_argument("--systems", default="all", help="comma-separated systems besides model-loss (default all: "
+                                                      "ours, ours-top-N, ours-lora, ours-bf16)")
     timing.add_repeat_argument(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -99,11 +105,14 @@ def main(argv=None) -> dict:
         return base.training_batch([p for p, _ in pairs], [q for _, q in pairs], args.max_source_len)
 
     systems: dict[str, dict] = {}
+    wanted = None if args.systems == "all" else {"model-loss", *args.systems.split(",")}
 
-    def add(name, model, loss_fn):
+    def add(name, model, loss_fn, bf16=False):
+        if wanted is not None and name not in wanted:
+            return
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        systems[name] = {"model": model, "loss": loss_fn, "params": params,
+        systems[name] = {"model": model, "loss": loss_fn, "params": params, "bf16": bf16,
                          "optimizer": torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0),
                          "trainable": sum(p.numel() for p in params)}
 
@@ -127,20 +136,25 @@ def main(argv=None) -> dict:
     lora_note = "ran" if lora is not None else "peft is not installed: skipped"
     if lora is not None:
         add("ours-lora", lora, ours_loss(lora))
+    half = copy.deepcopy(base.model)
+    add("ours-bf16", half, ours_loss(half), bf16=True)
 
     cursor = {name: 0 for name in systems}
+    losses: dict[str, list[float]] = {name: [] for name in systems}  # each step's training loss
 
     def step(name):
         s = systems[name]
         at = cursor[name]
         chunk = train[at * args.batch_size:(at + 1) * args.batch_size]
         cursor[name] += 1
-        loss = s["loss"](batch_of(chunk))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s["bf16"]):
+            loss = s["loss"](batch_of(chunk))
         s["optimizer"].zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(s["params"], 1.0)
         s["optimizer"].step()
-        return float(loss.detach())
+        losses[name].append(float(loss.detach()))
+        return losses[name][-1]
 
     def dev_loss(name):
         s = systems[name]
@@ -153,7 +167,7 @@ def main(argv=None) -> dict:
         s["model"].train()
         return total / len(dev)
 
-    before = dev_loss("ours")
+    before = dev_loss("model-loss")
     for name in systems:  # warm-up: one step each, untimed (the same first batch for all)
         step(name)
     seconds, _ = timing.alternate(
@@ -179,7 +193,7 @@ def main(argv=None) -> dict:
               + timing.protocol_line(args.repeat, list(systems)) + "\n\n")
     report = header + table + "\n"
     print(report)
-    result = {"report": report, "dev_loss_before": before, "dev_loss_after": after,
+    result = {"report": report, "dev_loss_before": before, "dev_loss_after": after, "train_losses": losses,
               "seconds_per_step": per_step, "cpu": cpu_name()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

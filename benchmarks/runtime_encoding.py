@@ -35,7 +35,8 @@ the first 4 questions, each with the first --pairs/4 paragraphs:
 With --auc-questions N (untimed, after the timing): the first N SQuAD questions, each with its own
 paragraph (label 1) and up to 7 other paragraphs of its article (label 0), scored by every system
 but the external peers; each one's AUC and its difference to ours torch fp32 (the issue's bar:
-within 0.005). Meaningful with a trained --cross-encoder.
+within 0.005). Meaningful with a trained --cross-encoder; --auc-held-out leaves out the articles
+it trained on.
 Timing (benchmarks/timing.py): one untimed warm-up call each (the ONNX export and int8
 quantisation happen before it, cached as in the pipeline), then --repeat rounds, every system
 once per round, alternated; end to end (strings in, numpy out, tokenisation included).
@@ -300,12 +301,16 @@ def bench_encode(args) -> dict:
             "agreement": agreement, "gflop_per_item": flops / 1e9}
 
 
-def auc_pairs(path: Path, questions: int, negatives: int = 7) -> tuple[list[tuple[str, str]], list[int]]:
+def auc_pairs(path: Path, questions: int, negatives: int = 7,
+              skip_articles: frozenset[str] = frozenset()) -> tuple[list[tuple[str, str]], list[int]]:
     """(question, paragraph) pairs and labels: each of the first `questions` questions (one per
     paragraph) with its own paragraph and up to `negatives` other paragraphs of its article, the
-    nearest ones after it first (same-article paragraphs: the hard negatives at hand)."""
+    nearest ones after it first (same-article paragraphs: the hard negatives at hand). Articles
+    whose title is in `skip_articles` are left out."""
     pairs, labels = [], []
     for article in json.loads(Path(path).read_text(encoding="utf-8"))["data"]:
+        if article["title"] in skip_articles:
+            continue
         contexts = [para["context"] for para in article["paragraphs"]]
         for i, para in enumerate(article["paragraphs"]):
             if len(labels) and sum(labels) == questions:
@@ -317,6 +322,18 @@ def auc_pairs(path: Path, questions: int, negatives: int = 7) -> tuple[list[tupl
             pairs += [(question, para["context"])] + [(question, c) for c in others]
             labels += [1] + [0] * len(others)
     return pairs, labels
+
+
+def trained_articles(questions: str | None) -> frozenset[str]:
+    """The SQuAD article titles of a questions artifact's train split (doc_id 'squad:TITLE')."""
+    if not questions:
+        return frozenset()
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(questions, format="parquet").to_table(columns=["doc_id", "split"])
+    return frozenset(d.partition(":")[2] for d, split in zip(table.column("doc_id").to_pylist(),
+                                                             table.column("split").to_pylist())
+                     if split == "train" and d.startswith("squad:"))
 
 
 def bench_score(args) -> dict:
@@ -372,7 +389,7 @@ def bench_score(args) -> dict:
     if args.auc_questions:
         from tasks.silver.classifier import auc
 
-        auc_items, labels = auc_pairs(Path(args.squad), args.auc_questions)
+        auc_items, labels = auc_pairs(Path(args.squad), args.auc_questions, skip_articles=trained_articles(args.auc_held_out))
         aucs = {n: auc(labels, f(auc_items)) for n, f in systems.items() if n not in peers}
         rows = [row + ([f"{aucs[row[0]]:.4f}", f"{aucs[row[0]] - aucs['torch']:+.4f}"] if row[0] in aucs else ["", ""])
                 for row in rows]
@@ -401,6 +418,9 @@ def main(argv=None) -> dict:
                     "MiniLM with a seeded head)")
     ap.add_argument("--auc-questions", type=int, default=0, help="AUC of every system on this many questions' "
                     "pairs (own paragraph vs 7 of its article), untimed")
+    ap.add_argument("--auc-held-out", default=None, metavar="QUESTIONS", help="a questions artifact's table "
+                    "(ROOT/questions/VERSION/data/questions): the AUC leaves out the SQuAD articles of its train "
+                    "split, which the classifier trained on")
     ap.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="add ours under torch's bf16 "
                     "autocast (torch-bf16); auto: where the CPU has bf16 units (models/cpu_features.py)")
     timing.add_repeat_argument(ap, what="rounds of every system")

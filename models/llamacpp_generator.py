@@ -32,6 +32,10 @@ MAX_SEQUENCES = 256
 UBATCH = 512
 #: llama.cpp rounds each KV stream up to a multiple of this many cells (and says so on stderr)
 STREAM_CELL_STEP = 256
+#: compute types whose contexts keep an f32 KV cache without flash attention (which rounds through f16).
+#: bf16 too: over six seeds its questions were within fp32's noise so (ROUGE-L 34.00 against 34.32) and
+#: 0.86 below it with the f16 cache, at 0.83x the speed (docs/benchmarks.md, Zen 5); q8_0 keeps f16
+F32_CACHE_TYPES = frozenset({"float32", "bfloat16"})
 
 
 def llamacpp_available() -> bool:
@@ -129,7 +133,7 @@ class _Context:
         params.n_threads = params.n_threads_batch = threads
         params.kv_unified = False  # a stream per sequence: a step attends over its own cells only
         params.no_perf = True
-        if f32_cache:  # the f32 runtime keeps f32 end to end; q8_0 keeps llama.cpp's f16 cache
+        if f32_cache:  # f32 and bf16 runtimes keep an f32 cache; q8_0 keeps llama.cpp's f16 one
             params.type_k = params.type_v = L.GGML_TYPE_F32
             params.flash_attn_type = 0  # llama.cpp's CPU flash attention rounds through f16
         return params
@@ -234,7 +238,7 @@ class LlamaCppQueryGenerator:
         with kept_torch_threads():
             context = _Context(self._model, cells=longest + max_new_tokens, sequences=per_batch * n,
                                batch_tokens=per_batch * max(longest, n), threads=self.threads,
-                               f32_cache=self.compute_type == "float32")
+                               f32_cache=self.compute_type in F32_CACHE_TYPES)
             try:
                 for start in range(0, len(order), per_batch):
                     chunk = order[start:start + per_batch]

@@ -98,3 +98,21 @@ def test_auc_pairs_are_each_questions_own_paragraph_and_others_of_its_article(ru
     assert pairs[:3] == [("q a 0", "a 0"), ("q a 0", "a 1"), ("q a 0", "a 2")] and labels[:3] == [1, 0, 0]
     last = [p for p, y in zip(pairs, labels) if p[0] == "q b 0"]
     assert len(last) == 8 and last[0] == ("q b 0", "b 0") and {c for _, c in last[1:]} <= {f"b {i}" for i in range(1, 10)}
+
+
+def test_auc_leaves_out_the_articles_the_classifier_trained_on(runtime_encoding, tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    pq.write_table(pa.table({"doc_id": ["squad:a", "squad:a", "squad:b", "wiki:a"], "split": ["train", "train", "test", "train"]}),
+                   folder / "part-00000.parquet")
+    assert runtime_encoding.trained_articles(str(folder)) == {"a"} and runtime_encoding.trained_articles(None) == set()
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"data": [{"title": t, "paragraphs": [{"context": f"{t} {i}", "qas": [{"question": f"q {t} {i}"}]}
+                                                                      for i in range(3)]} for t in ("a", "b")]}))
+    pairs, labels = runtime_encoding.auc_pairs(path, questions=2, skip_articles=frozenset({"a"}))
+    assert sum(labels) == 2 and {q for q, _ in pairs} == {"q b 0", "q b 1"}

@@ -97,3 +97,31 @@ def test_scoring_auto_is_bf16_on_bf16_units_and_hashes_as_before_without(cpuinfo
     trained = [CrossEncoderParams(config=CrossEncoderConfig(bf16=b), match_type="string", device="cpu",
                                   batch_size=8).hashed() for b in (True, False, "auto")]
     assert trained[0] == trained[1] == trained[2]
+
+
+@pytest.mark.parametrize("config", ["demo.yaml", "silver.yaml", "query-as-context.yaml"])
+def test_training_stages_plan_bf16_per_cpu_and_keep_their_versions_without_bf16_units(cpuinfo, config):
+    """Every trainer's bf16 'auto' (dense systems, the generator, the classifier, pre-training) is
+    planned 'on' on a CPU with bf16 units, a version of its own; without them it stays 'auto',
+    the versions planned before CPU bf16 training."""
+    from flows.registry import plan_for
+    from tasks.config import PROJECT_ROOT, load_config
+    from tasks.training.trainer import ScheduleArgs
+
+    def trainers(plan) -> dict[str, tuple[str, str]]:
+        out = {}
+        for name in plan.names():
+            params = plan[name].params
+            for schedule in (getattr(params, "train", None), getattr(params, "pretrain", None),
+                             getattr(getattr(params, "config", None), "train", None)):
+                if isinstance(schedule, ScheduleArgs):
+                    out[name] = (schedule.bf16, plan.planned_version(name))
+        return out
+
+    cpuinfo(EPYC)
+    epyc = trainers(plan_for(load_config(PROJECT_ROOT / "configs" / config)))
+    cpuinfo(ZEN5)
+    zen5 = trainers(plan_for(load_config(PROJECT_ROOT / "configs" / config)))
+    assert epyc and epyc.keys() == zen5.keys()
+    assert {bf16 for bf16, _ in epyc.values()} == {"auto"} and {bf16 for bf16, _ in zen5.values()} == {"on"}
+    assert all(zen5[name][1] != epyc[name][1] for name in epyc)

@@ -214,3 +214,23 @@ def test_bf16_in_hardware_needs_both_the_cpus_units_and_the_builds_kernels(monke
         assert not machine("avx2 fma", "CPU : AVX2 = 1 | AVX512_BF16 = 1 |")  # no bf16 units here
     finally:
         cpu_features.cpu_flags.cache_clear()
+
+
+def test_f32_and_bf16_generate_with_an_f32_cache_and_q8_0_with_f16(lcpp, monkeypatch):
+    """The KV cache of a generation call: f32 (no flash attention) for the f32 and bf16 runtimes,
+    llama.cpp's f16 for q8_0 (bf16's questions with the f16 cache fell 0.86 ROUGE-L under fp32's)."""
+    import models.llamacpp_generator as module
+
+    asked = []
+    real_params = module._Context.params
+
+    def params(L, cells, sequences, batch_tokens, threads, f32_cache):
+        asked.append(f32_cache)
+        out = real_params(L, cells, sequences, batch_tokens, threads, f32_cache)
+        asked.append((out.type_k, out.type_v, out.flash_attn_type))
+        return out
+    monkeypatch.setattr(module._Context, "params", staticmethod(params))
+    lcpp.generate(PASSAGES[:1], n=2, max_new_tokens=2)
+    f32 = lcpp.compute_type in ("float32", "bfloat16")
+    assert asked[0] is f32
+    assert (asked[1] == (llama_cpp.GGML_TYPE_F32, llama_cpp.GGML_TYPE_F32, 0)) is f32

@@ -1,4 +1,5 @@
 """Training data pipeline and trainer on tiny random BERTs (seconds on CPU)."""
+import contextlib
 import json
 import os
 import random
@@ -337,6 +338,46 @@ def test_too_few_examples_for_a_batch(checkpoint, tmp_path):
     examples = make_examples(n=6, dup_every=6)  # all share one positive: no batch of 4 possible
     with pytest.raises(ValueError, match="no full batch"):
         train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(), tmp_path, progress=False)
+
+
+def test_bf16_on_the_cpu_trains_under_autocast(checkpoint, tmp_path):
+    """bf16 'on' autocasts the CPU's training steps (the encoder's linear layers give bf16), the
+    losses near fp32's (8-bit mantissas); the suite's CPU has no bf16 units, so it warns."""
+    seen: list[torch.dtype] = []
+    examples = make_examples(n=8)
+    losses = {}
+    for flag in ("off", "on"):
+        model = new_model(checkpoint, seed=1)
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+        seen.clear()
+        with pytest.warns(UserWarning, match="emulated") if flag == "on" else contextlib.nullcontext():
+            result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(max_steps=2, bf16=flag),
+                                      tmp_path / flag, progress=False)
+        assert (torch.bfloat16 in seen) if flag == "on" else set(seen) == {torch.float32}
+        losses[flag] = result["history"][0]["loss"]
+    assert losses["on"] != losses["off"] and abs(losses["on"] - losses["off"]) < 0.02 * abs(losses["off"])
+
+
+@pytest.mark.parametrize("flags, device, expected", [
+    ("avx2 fma", "cpu", "auto"), ("avx2 avx512f avx512_bf16", "cpu", "on"), ("amx_bf16 avx512_bf16", "auto", "on"),
+    ("amx_bf16 avx512_bf16", "cuda", "auto"),
+])
+def test_bf16_auto_is_planned_on_for_cpus_with_bf16_units(tmp_path, monkeypatch, flags, device, expected):
+    from models import cpu_features
+    from tasks.training.trainer import use_bf16
+
+    (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
+    monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(tmp_path / "cpuinfo"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu_features.cpu_flags.cache_clear()
+    try:
+        planned = TrainerArgs(lr=1e-4).resolved_for(device)
+        assert planned.bf16 == expected and planned.lr == 1e-4 and type(planned) is TrainerArgs
+        assert use_bf16("auto", torch.device("cpu")) == ("bf16" in flags)  # what a run called directly does
+        assert TrainerArgs(bf16="off").resolved_for(device).bf16 == "off"  # a named choice stays
+    finally:
+        cpu_features.cpu_flags.cache_clear()
 
 
 # -- arguments, callbacks, evaluators ---------------------------------------------------------

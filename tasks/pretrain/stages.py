@@ -200,7 +200,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = []
     for run in cfg.pretrain:
         contexts = ("synthetic_queries",) if run.form in QUERY_FORMS else ()
-        params = PretrainParams(pretrain=run.run(), device=run.device)
+        params = PretrainParams(pretrain=run.run().resolved_for(run.device), device=run.device)
         out.append(Stage(f"pretrain:{run.name}", ARTIFACT, "1", ("chunk", *contexts), params, build_pretrain,
                          variant={"pretrain": run.name}, resumable=True))
     return out

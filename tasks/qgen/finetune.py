@@ -1,6 +1,6 @@
 """Fine-tune a question generator (models/generator.py's QueryGenerator) on (passage -> question)
 pairs of the train split, through the bi-encoder trainer's machinery (tasks/training/trainer.py):
-AdamW groups, linear warm-up then decay, clipping, bf16 autocast on CUDA only, resumable
+AdamW groups, linear warm-up then decay, clipping, bf16 autocast (CUDA, CPUs with bf16 units), resumable
 checkpoints under out_dir/checkpoints/step-XXXXXXX and the best model by dev loss in out_dir/best.
 
 The dev loss is the generator's mean token loss over the dev articles' pairs (pairs-weighted mean
@@ -29,6 +29,7 @@ from tasks.training.trainer import (
     STATE_NAME,
     ScheduleArgs,
     _atomic_dir,
+    bf16_autocast,
     latest_checkpoint,
     list_checkpoints,
     optimizer_and_schedule,
@@ -92,7 +93,7 @@ def finetune_generator(
 
     seed_everything(args.seed)
     device = resolve_device(device)
-    bf16 = use_bf16(args.bf16, device)  # warns and returns False off CUDA
+    bf16 = use_bf16(args.bf16, device)
     model.to(device)
 
     steps_per_epoch = math.ceil(len(train_pairs) / args.batch_size)  # the last batch may be short
@@ -123,7 +124,7 @@ def finetune_generator(
     for stale in (out_dir / CHECKPOINTS).glob(".tmp-*") if (out_dir / CHECKPOINTS).is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)  # an interrupted save
 
-    autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
 
     def save_checkpoint() -> None:
         def write(tmp: Path) -> None:

@@ -321,7 +321,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         model_input, pinned = "generator", {"generator": Pinned("qgen_model", trained_elsewhere)}
     if q.finetune.enabled:
         out.append(Stage("qgen_model", "qgen_model", "1", ("chunk", "pairs:gold"),
-                         FinetuneParams(generator=q.generator, kind=q.kind, prefix=q.prefix, train=q.finetune,
+                         FinetuneParams(generator=q.generator, kind=q.kind, prefix=q.prefix,
+                                        train=q.finetune.resolved_for(q.generate.device),
                                         device=q.generate.device), build_finetune, resumable=True))
         model_input = "qgen_model"
     out.append(Stage("synthetic_queries", "synthetic_queries", "1",

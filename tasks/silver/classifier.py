@@ -1,6 +1,6 @@
 """Training the cross-attention classifier through the shared training loop
-(tasks/training/trainer.run_training: AdamW, warm-up and decay, bf16 on CUDA, exact resume), and
-its classification report in the shape of paper 001 table 2."""
+(tasks/training/trainer.run_training: AdamW, warm-up and decay, bf16 autocast on CUDA and on CPUs
+with bf16 units, exact resume), and its classification report in the shape of paper 001 table 2."""
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional, Sequence

@@ -284,6 +284,7 @@ def trained_cross_encoder_stage(cfg) -> Stage:
             pinned = {"start": Pinned("cross_encoder", version)}
         else:  # a folder (hashed by its digest) or a hub name
             extra.update(start_folder=folder, start=digest or c.model)
+    c = c.model_copy(update={"train": c.train.resolved_for(c.device)})  # bf16 'auto' as planned for the device
     params = CrossEncoderParams(config=c, match_type=cfg.evaluation.match_type, device=c.device,
                                 batch_size=c.batch_size, **extra)
     return Stage("cross_encoder", "cross_encoder", "1", tuple(inputs), params, build_cross_encoder,

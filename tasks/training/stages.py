@@ -205,7 +205,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         if system.train is None:
             continue
         # `mixed` stands for its member strategies: the version names what was drawn from
-        t = with_encode_lengths(system.train, cfg.dense.encode)
+        t = with_encode_lengths(system.train, cfg.dense.encode).resolved_for(cfg.dense.encode.device)
         t = t.model_copy(update={"negatives": cfg.negatives.expand(t.negatives)})
         origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
         data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)

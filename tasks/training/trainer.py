@@ -2,7 +2,7 @@
 checkpoints, evaluates and saves).
 
 AdamW without decay on biases and LayerNorm weights, linear warm-up then linear decay, gradient
-clipping, bf16 autocast on CUDA, optional gradient checkpointing, fixed seeds.
+clipping, bf16 autocast (CUDA, CPUs with bf16 units), optional gradient checkpointing, fixed seeds.
 Checkpoints (out_dir/checkpoints/step-XXXXXXX/) hold everything needed to continue exactly: the
 model, the loss module's own parameters and buffers, optimizer, scheduler, sampler position,
 collator RNG, python/numpy/torch RNG states and the history; a run started on an out_dir that holds
@@ -55,7 +55,7 @@ class Evaluator(Protocol):
 
 class ScheduleArgs(BaseModel):
     """The optimisation schedule any of the project's trainers runs (AdamW, warm-up then linear
-    decay, clipping, bf16 on CUDA, checkpoints, dev evaluations); a pydantic model, so it validates
+    decay, clipping, bf16 autocast, checkpoints, dev evaluations); a pydantic model, so it validates
     and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults."""
 
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +69,9 @@ class ScheduleArgs(BaseModel):
     max_grad_norm: Optional[float] = Field(2.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
     seed: int = Field(42, description="seeds the example order, the draws and the initial RNG state")
     bf16: Literal["auto", "on", "off"] = Field(
-        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support, off otherwise (true/false: on/off)")
+        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support and for CPUs with bf16 units "
+                            "(AMX, avx512_bf16), off otherwise (true/false: on/off); planning resolves 'auto' to 'on' "
+                            "on such a CPU, so the version says the model trained in bf16")
     checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
     eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations; one at the end always")
     keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
@@ -80,6 +82,14 @@ class ScheduleArgs(BaseModel):
         if isinstance(value, bool):
             return "on" if value else "off"
         return value
+
+    def resolved_for(self, device: str) -> "ScheduleArgs":
+        """These settings as planned for `device` ('auto', 'cpu', 'cuda'): 'auto' becomes 'on' on a
+        CPU with bf16 units (hashed: the version names a bf16-trained model), and stays 'auto'
+        elsewhere, so versions planned before CPU bf16 training keep their hash."""
+        if self.bf16 == "auto" and resolve_device(device).type == "cpu" and use_bf16("auto", torch.device("cpu")):
+            return self.model_copy(update={"bf16": "on"})
+        return self
 
 
 def optimizer_and_schedule(args: ScheduleArgs, model: nn.Module, extra: nn.Module | None, steps_per_epoch: int):
@@ -136,14 +146,25 @@ def resolve_device(device: str) -> torch.device:
 
 
 def use_bf16(flag: str | bool, device: torch.device) -> bool:
-    """TrainerArgs.bf16 ('auto', 'on', 'off'; True/False too) -> whether to autocast to bf16."""
-    if flag == "auto":
-        return device.type == "cuda" and torch.cuda.is_bf16_supported()
-    on = flag == "on" if isinstance(flag, str) else bool(flag)
-    if on and device.type != "cuda":
-        warnings.warn("bf16 only applies on CUDA; training in fp32 on " + device.type)
+    """TrainerArgs.bf16 ('auto', 'on', 'off'; True/False too) -> whether to autocast to bf16 on
+    `device`: CUDA and the CPU autocast alike (models/cpu_features.py says where it is fast)."""
+    from models.cpu_features import auto_bf16, has_bf16_units
+
+    if device.type not in ("cuda", "cpu"):
+        if flag in ("on", True):
+            warnings.warn(f"bf16 autocast is for CUDA and CPUs; training in fp32 on {device.type}")
         return False
+    if flag == "auto":
+        return auto_bf16(device.type)
+    on = flag == "on" if isinstance(flag, str) else bool(flag)
+    if on and device.type == "cpu" and not has_bf16_units():
+        warnings.warn("bf16 on a CPU without bf16 units (AMX, avx512_bf16) is emulated: slower than fp32")
     return on
+
+
+def bf16_autocast(device: torch.device) -> Callable[[], Any]:
+    """A factory of the training step's bf16 autocast context on `device` (CUDA or CPU)."""
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def parameter_groups(model: nn.Module, extra: nn.Module | None, weight_decay: float) -> list[dict]:
@@ -465,7 +486,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         evaluate()
         start_metric = best_metric
 
-    autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
     model.train()
     loss_fn.train()
     start_step = step
