@@ -50,10 +50,27 @@ def onnx_available() -> bool:
     return True
 
 
+def import_openvino():
+    """`import openvino` without the usage event its import sends: openvino.tools.ovc reports every
+    import through a forked process unless the user opted out or CI is set, and a fork of a threaded
+    `pforge run` can deadlock there on OpenSSL's locks and keep the run from exiting (seen once: an
+    hour after its last stage). The project never sends it: consent is declined for this process
+    (a consent file in ~/intel stays the user's own to write)."""
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+
+        OptInChecker.check = lambda self, *args, **kwargs: ConsentCheckResult.DECLINED
+    except ImportError:  # another telemetry layout (or none): nothing to decline
+        pass
+    import openvino
+
+    return openvino
+
+
 def openvino_available() -> bool:
     """True when OpenVINO (to run) and the ONNX exporter's packages import."""
     try:
-        import openvino  # noqa: F401
+        import_openvino()
     except ImportError:
         return False
     return onnx_available()
@@ -159,8 +176,7 @@ class _OpenVinoSession:
     an ORT session (`get_inputs`, `run`). A request per call: threads may score with it at once."""
 
     def __init__(self, path: Path, threads: int, bf16: bool) -> None:
-        import openvino as ov
-
+        ov = import_openvino()
         config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
                   "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32"}
         self.compiled = ov.Core().compile_model(str(path), "CPU", config)

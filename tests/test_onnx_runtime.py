@@ -261,3 +261,28 @@ def test_openvino_bf16_settings_compile_bf16_and_autocast_the_training_dev_metri
     assert dtypes and set(dtypes) == {torch.bfloat16}
     vectors = settings.encode(compiled, QUERIES, "query", "cpu")
     assert vectors.shape == (len(QUERIES), 32) and np.isfinite(vectors).all()
+
+
+def test_openvino_imports_without_sending_its_usage_event(tmp_path):
+    """`import openvino` reports the import through a forked process unless the user opted out or
+    CI is set; a fork of a threaded run can deadlock there and keep `pforge run` from exiting. Ours
+    declines: no process starts (a fresh HOME, no CI variable: openvino's own import would send)."""
+    import os
+    import subprocess
+    import sys
+
+    from tasks.config import PROJECT_ROOT
+
+    pytest.importorskip("openvino")
+    code = ("import multiprocessing\n"
+            "started = []\n"
+            "multiprocessing.Process.start = lambda self: started.append(self)\n"
+            "from models.onnx_runtime import import_openvino\n"
+            "import_openvino()\n"
+            "print(len(started))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    env["HOME"] = str(tmp_path)  # no consent file there
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0"
