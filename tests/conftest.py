@@ -126,6 +126,21 @@ def _cpu_without_bf16_units(tmp_path_factory):
     cpu_features.cpu_flags.cache_clear()
 
 
+@pytest.fixture
+def cpuinfo(tmp_path, monkeypatch):
+    """`cpuinfo(text)` makes the processor read as `text` (a /proc/cpuinfo excerpt) for this test:
+    the per-CPU choices (bf16 units, llama.cpp's bf16) have tests of their own."""
+    from models import cpu_features
+
+    def use(text):
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(path))
+        cpu_features.cpu_flags.cache_clear()
+    yield use
+    cpu_features.cpu_flags.cache_clear()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _runtime_cache(tmp_path_factory):
     """Converted models (models/runtime_cache.py) go to a folder of this run, not ~/.cache."""

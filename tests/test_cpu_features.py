@@ -12,17 +12,6 @@ ZEN5 = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16\
 SKYLAKE = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512bw\n"               # AVX-512 without bf16
 
 
-@pytest.fixture
-def cpuinfo(tmp_path, monkeypatch):
-    def use(text):
-        path = tmp_path / "cpuinfo"
-        path.write_text(text)
-        monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(path))
-        cpu_features.cpu_flags.cache_clear()
-    yield use
-    cpu_features.cpu_flags.cache_clear()
-
-
 def _hash(settings):
     return EncodeParams(system="s", origin=Origin(model={}), settings=settings, device="cpu", shard_size=10).hashed()
 

@@ -196,24 +196,17 @@ def test_streams_are_asked_for_in_llama_cpps_own_cell_step(lcpp, capfd):
     assert "rounding" not in capfd.readouterr().err
 
 
-def test_bf16_in_hardware_needs_both_the_cpus_units_and_the_builds_kernels(monkeypatch, tmp_path):
-    from models import cpu_features
+def test_bf16_in_hardware_needs_both_the_cpus_units_and_the_builds_kernels(cpuinfo, monkeypatch):
     from models.llamacpp_generator import llamacpp_bf16_in_hardware
 
     def machine(flags: str, system_info: str):
-        path = tmp_path / "cpuinfo"
-        path.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(path))
-        cpu_features.cpu_flags.cache_clear()
+        cpuinfo(f"processor\t: 0\nflags\t\t: {flags}\n")
         monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: system_info.encode())
         return llamacpp_bf16_in_hardware()
 
-    try:
-        assert machine("avx2 avx512f avx512_bf16", "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 |")
-        assert not machine("avx2 avx512f avx512_bf16", "CPU : AVX2 = 1 |")  # a build for any AVX2 CPU
-        assert not machine("avx2 fma", "CPU : AVX2 = 1 | AVX512_BF16 = 1 |")  # no bf16 units here
-    finally:
-        cpu_features.cpu_flags.cache_clear()
+    assert machine("avx2 avx512f avx512_bf16", "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 |")
+    assert not machine("avx2 avx512f avx512_bf16", "CPU : AVX2 = 1 |")  # a build for any AVX2 CPU
+    assert not machine("avx2 fma", "CPU : AVX2 = 1 | AVX512_BF16 = 1 |")  # no bf16 units here
 
 
 def test_f32_and_bf16_generate_with_an_f32_cache_and_q8_0_with_f16(lcpp, monkeypatch):

@@ -363,21 +363,15 @@ def test_bf16_on_the_cpu_trains_under_autocast(checkpoint, tmp_path):
     ("avx2 fma", "cpu", "auto"), ("avx2 avx512f avx512_bf16", "cpu", "on"), ("amx_bf16 avx512_bf16", "auto", "on"),
     ("amx_bf16 avx512_bf16", "cuda", "auto"),
 ])
-def test_bf16_auto_is_planned_on_for_cpus_with_bf16_units(tmp_path, monkeypatch, flags, device, expected):
-    from models import cpu_features
+def test_bf16_auto_is_planned_on_for_cpus_with_bf16_units(cpuinfo, monkeypatch, flags, device, expected):
     from tasks.training.trainer import use_bf16
 
-    (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
-    monkeypatch.setenv(cpu_features.CPUINFO_ENV, str(tmp_path / "cpuinfo"))
+    cpuinfo(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cpu_features.cpu_flags.cache_clear()
-    try:
-        planned = TrainerArgs(lr=1e-4).resolved_for(device)
-        assert planned.bf16 == expected and planned.lr == 1e-4 and type(planned) is TrainerArgs
-        assert use_bf16("auto", torch.device("cpu")) == ("bf16" in flags)  # what a run called directly does
-        assert TrainerArgs(bf16="off").resolved_for(device).bf16 == "off"  # a named choice stays
-    finally:
-        cpu_features.cpu_flags.cache_clear()
+    planned = TrainerArgs(lr=1e-4).resolved_for(device)
+    assert planned.bf16 == expected and planned.lr == 1e-4 and type(planned) is TrainerArgs
+    assert use_bf16("auto", torch.device("cpu")) == ("bf16" in flags)  # what a run called directly does
+    assert TrainerArgs(bf16="off").resolved_for(device).bf16 == "off"  # a named choice stays
 
 
 # -- arguments, callbacks, evaluators ---------------------------------------------------------

@@ -87,7 +87,9 @@ class ScheduleArgs(BaseModel):
         """These settings as planned for `device` ('auto', 'cpu', 'cuda'): 'auto' becomes 'on' on a
         CPU with bf16 units (hashed: the version names a bf16-trained model), and stays 'auto'
         elsewhere, so versions planned before CPU bf16 training keep their hash."""
-        if self.bf16 == "auto" and resolve_device(device).type == "cpu" and use_bf16("auto", torch.device("cpu")):
+        from models.cpu_features import has_bf16_units
+
+        if self.bf16 == "auto" and resolve_device(device).type == "cpu" and has_bf16_units():
             return self.model_copy(update={"bf16": "on"})
         return self
 
