@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", type=Path)
     only = run.add_mutually_exclusive_group()
     only.add_argument("--stage", help="rerun only this stage on its latest upstream artifacts")
-    only.add_argument("--upto", metavar="STAGE", help="run this stage and every stage it needs, not the rest "
-                                                       "(e.g. another config's classifier or generator)")
+    only.add_argument("--upto", metavar="STAGE[,STAGE]", help="run this stage (or each of several, comma-separated) "
+                                                              "and every stage it needs, not the rest (e.g. another "
+                                                              "config's classifier or generator)")
     run.add_argument("--nproc", type=int, default=1, help="train a train:NAME stage data-parallel on this many "
                                                           "ranks (torchrun + DDP: one per GPU, gloo on CPUs)")
     run.add_argument("--smoke", action="store_true", help="every stage of the config on a few seconds' work each "
@@ -78,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
-    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan):  # --root and --debug are accepted before or after the command
+    from flows.study.cli import add_parser as add_study_parser
+
+    study = add_study_parser(sub)
+    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan, study):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -309,6 +313,12 @@ def _refresh(args) -> int:
     return 0
 
 
+def _study(args) -> int:
+    from flows.study.cli import study_command
+
+    return study_command(args)
+
+
 def _serve(args) -> int:
     from flows.serve import serve_pipeline
 
@@ -317,7 +327,8 @@ def _serve(args) -> int:
 
 
 COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
-            "refresh": _refresh, "serve": _serve, "compare": _compare, "plan": _plan}
+            "refresh": _refresh, "serve": _serve, "compare": _compare, "plan": _plan,
+            "study": _study}
 
 if __name__ == "__main__":
     sys.exit(main())

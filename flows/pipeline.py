@@ -15,7 +15,7 @@ from tasks.config import PipelineConfig
 def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = None,
              root: Optional[str] = None, upto: Optional[str] = None) -> dict[str, str]:
     """Run the pipeline (or only `stage`, on its latest upstream artifacts; or `upto`: that stage
-    and every stage it needs, not the rest). Returns stage -> version."""
+    (or each of "A,B") and every stage it needs, not the rest). Returns stage -> version."""
     plan = plan_for(config)
     store = ArtifactStore(resolve_root(root))  # opened once per flow run
     logger = get_run_logger()
@@ -23,7 +23,7 @@ def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = N
         name = plan.resolve_name(stage)
         artifact = stage_task(plan[name], config.name)(store, plan.upstream_for_single_stage(store, name))
         return {name: artifact.version}
-    needed = plan.needed_for(upto) if upto is not None else None
+    needed = set().union(*(plan.needed_for(n.strip()) for n in upto.split(","))) if upto is not None else None
     done = {}
     for declared in plan:
         if needed is not None and declared.name not in needed:

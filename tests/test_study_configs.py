@@ -76,25 +76,3 @@ def test_the_study_compares_what_its_bars_name(study):
     pairs = {tuple(p) for p in study.evaluation.compare}
     assert {("two-stage-s1", "gold-s1"), ("two-stage-s2", "gold-s2"), ("hybrid-gold-s1-rerank", "hybrid(gold-s1)")} <= pairs
     assert study.evaluation.compare_split == "test" and study.evaluation.compare_ks == [1, 20]
-
-
-def test_the_tables_read_table_2_from_the_studys_own_classifier():
-    """benchmarks/study_tables.py: the classifier row comes from study-teacher.yaml's planned
-    version (issue 25's runs put other cross-encoders into the same root, the newest among them),
-    and the verdict follows the report's F1 and AUC."""
-    from benchmarks.study_tables import PHASES, classifier_row, planned_versions
-
-    planned = planned_versions(("study-teacher", "nfcorpus-adapt-tuned-teacher"))
-    assert planned["study-teacher"]["cross_encoder"] != planned["nfcorpus-adapt-tuned-teacher"]["cross_encoder"]
-    assert "study-teacher" in PHASES and "evaluate" in planned["study-teacher"]
-
-    def report(ce_f1, ce_auc):
-        return {"stats": {"report": [
-            {"model": "majority (always false)", "f1": 0.0, "auc": None},
-            {"model": "dual encoder (cosine >= 0.6)", "f1": 0.47, "auc": 0.79},
-            {"model": "cross-attention (p >= 0.5)", "f1": ce_f1, "auc": ce_auc}]}}
-
-    assert classifier_row("001", "claim", report(0.786, 0.938)) == \
-        "| 001 | claim | F1 78.6 vs 47.0; AUC 93.8 vs 79.0 | - | yes |"
-    assert classifier_row("001", "claim", report(0.786, 0.70)).endswith("| no |")
-    assert classifier_row("001", "claim", None) == "| 001 | claim | not run | - | - |"

@@ -1,0 +1,63 @@
+"""A row's price on this machine, from the stage times the committed records measured: for every
+step the local root lacks, the newest time of the same step on this CPU, else on another CPU
+scaled by the two machines' fp32 matrix-product probes (unscaled where a record has no probe), else the time of its first-seed twin
+(`train:gold-s2` is priced as `train:gold-s1`). A step nobody has measured is unknown, not guessed."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SEED_SUFFIX = re.compile(r"-s\d+\b")
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    step: str
+    seconds: float | None      # None: nobody has measured it or a twin
+    basis: str                 # "this CPU", "scaled from CPU KEY", "as STEP", "unknown"
+
+
+def measured_steps(records: dict[str, dict]) -> dict[str, list[tuple[dict, dict]]]:
+    """step name -> [(stage time, machine)] over every record, newest record first."""
+    out: dict[str, list[tuple[dict, dict]]] = {}
+    for record in sorted(records.values(), key=lambda r: r.get("recorded_at", ""), reverse=True):
+        for stage in record.get("stages", []):
+            if stage.get("build_s") is not None:
+                out.setdefault(stage["step"], []).append((stage, record.get("machine") or {}))
+    return out
+
+
+def price_step(step: str, measured: dict[str, list[tuple[dict, dict]]], machine: dict) -> StepPrice:
+    for name, basis in ((step, None), (SEED_SUFFIX.sub("-s1", step), f"as {SEED_SUFFIX.sub('-s1', step)}")):
+        times = measured.get(name) or []
+        here = [t for t, m in times if m.get("key") == machine.get("key")]
+        if here:
+            return StepPrice(step, float(here[0]["build_s"]), basis or "this CPU")
+        scalable = [(t, m) for t, m in times if m.get("sgemm_gflops") and machine.get("sgemm_gflops")]
+        if scalable:
+            t, m = scalable[0]
+            seconds = float(t["build_s"]) * m["sgemm_gflops"] / machine["sgemm_gflops"]
+            return StepPrice(step, seconds, (basis + ", " if basis else "") + f"scaled from {m.get('key', '?')}")
+        if times:   # a record without the probe (backfilled): its own time, said to be another CPU's
+            t, m = times[0]
+            return StepPrice(step, float(t["build_s"]), (basis + ", " if basis else "") + f"unscaled, {m.get('key', '?')}")
+    return StepPrice(step, None, "unknown")
+
+
+def price_steps(steps: list[str], records: dict[str, dict], machine: dict) -> list[StepPrice]:
+    measured = measured_steps(records)
+    return [price_step(step, measured, machine) for step in steps]
+
+
+def total_seconds(prices: list[StepPrice]) -> float | None:
+    """The sum, or None when any step is unknown."""
+    if any(p.seconds is None for p in prices):
+        return None
+    return sum(p.seconds for p in prices)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"

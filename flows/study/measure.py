@@ -1,0 +1,112 @@
+"""A finished row's record from the artifact root that built it: the row's artifact read once,
+scored by the evaluation library as the evaluate stage scores it, with the versions, the stage
+times and the machine beside it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.study.definition import Row, Study
+from flows.study.records import NDCG_AT_10, OUTCOME_DIGITS, RANK, write_questions
+from storage import ArtifactStore
+from tasks.engine import Plan
+
+
+# What scoring a runs row reads beside its runs: the questions, the passages' text, the gold links.
+SCORING_INPUTS = ("ingest_questions", "chunk", "link_gold")
+
+
+def targets(row: Row) -> list[str]:
+    """The steps `pforge run --upto` builds for a row: its own, and for runs what scoring reads."""
+    return [row.stage, *SCORING_INPUTS] if row.kind == "runs" else [row.stage]
+
+
+def planned_steps(plan: Plan, row: Row) -> list[str]:
+    """The steps a row needs (its own, every input, and what scoring reads), in run order."""
+    needed = set().union(*(plan.needed_for(name) for name in targets(row)))
+    return [name for name in plan.names() if name in needed]
+
+
+def row_artifact(plan: Plan, store: ArtifactStore, row: Row):
+    """The row's artifact at the version the plan gives it (None: not built in this root)."""
+    stage = plan[plan.resolve_name(row.stage)]
+    return store.get(stage.artifact, plan.planned_version(stage.name))
+
+
+def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
+    """Each needed step's build as its manifest recorded it (the run that built it, on this root)."""
+    out = []
+    for name in planned_steps(plan, row):
+        stage, version = plan[name], plan.planned_version(name)
+        artifact = store.get(stage.artifact, version)
+        if artifact is None:
+            raise RuntimeError(f"row {row.name!r}: step {name} ({stage.artifact} {version}) is not built in {store.root}")
+        manifest = artifact.manifest
+        out.append({"step": name, "artifact": stage.artifact, "version": version,
+                    "build_s": (manifest.get("timings") or {}).get("build_s"), "rows": manifest.get("rows"),
+                    "created_at": manifest.get("created_at")})
+    return out
+
+
+def measure_row(study: Study, row: Row, plan: Plan, store: ArtifactStore) -> dict:
+    """The record's measured part (outcomes, metrics, details, versions, stage times); raises
+    when the row's artifact is not built in `store`."""
+    artifact = row_artifact(plan, store, row)
+    if artifact is None:
+        raise RuntimeError(f"row {row.name!r}: {row.stage} is not built in {store.root}")
+    record = {"row": row.name, "kind": row.kind, "system": row.system_name, "stage": row.stage,
+              "config": row.config or study.default_config, "artifact": artifact.stage, "version": artifact.version,
+              "versions": {name: plan.planned_version(name) for name in planned_steps(plan, row)},
+              "stages": stage_times(plan, store, row)}
+    if row.kind == "runs":
+        record.update(_runs_outcomes(study, row, plan, store, artifact.read_table()))
+    else:  # the classifier's report and the generated queries' quality are in their manifests' stats
+        record["details"] = artifact.manifest.get("stats") or {}
+    return record
+
+
+def _inputs(plan: Plan, store: ArtifactStore, name: str):
+    artifact = store.get(plan[name].artifact, plan.planned_version(name))
+    if artifact is None:
+        raise RuntimeError(f"{name} is not built in {store.root}")
+    return artifact
+
+
+def _runs_outcomes(study: Study, row: Row, plan: Plan, store: ArtifactStore, runs) -> dict:
+    import pyarrow.compute as pc
+
+    from tasks.evaluation.evaluate import evaluate_runs
+    from tasks.evaluation.qa_metrics import carries_answers
+
+    run = runs.filter(pc.equal(runs.column("system"), row.system_name))
+    if not run.num_rows:
+        known = sorted(set(runs.column("system").to_pylist()))
+        raise RuntimeError(f"row {row.name!r}: {row.stage}'s runs hold no system {row.system_name!r}; systems: {known}")
+    questions = _inputs(plan, store, "ingest_questions").read_table("questions")
+    gold = _inputs(plan, store, "link_gold").read_table()
+    passages = _inputs(plan, store, "chunk").read_table(columns=["pid", "doc_id", "text"])
+    scoring = plan["evaluate"].params
+    results, metrics, _ = evaluate_runs(questions, passages, gold, [run], title=row.name, ks=scoring.ks,
+                                        match_type=scoring.match_type,
+                                        ignore_identical_ids=scoring.ignore_identical_ids)
+    split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
+    run_splits = {split_of.get(q) for q in pc.unique(run.column("qid")).to_pylist()} - {None}
+    if carries_answers(questions):
+        measure = RANK
+        value_of = {(s, q): r for q, s, r in zip(results.column("qid").to_pylist(), results.column("split").to_pylist(),
+                                                 results.column(RANK).to_pylist())}
+        splits = {s: sorted(q for (sp, q) in value_of if sp == s) for s in sorted(run_splits)}
+        values = {s: [value_of[(s, q)] for q in qids] for s, qids in splits.items()}
+    else:
+        from tasks.evaluation.bootstrap import runs_by_system
+        from tasks.evaluation.ir_metrics import per_query_values
+
+        measure = NDCG_AT_10
+        scored = runs_by_system([run], passages if scoring.ignore_identical_ids else None)[row.system_name]
+        judged = set(gold.column("qid").to_pylist())
+        splits = {s: sorted(q for q in judged if split_of.get(q) == s) for s in sorted(run_splits)}
+        values = {s: [round(v, OUTCOME_DIGITS) for v in per_query_values(scored, gold, qids, "ndcg_cut", 10)]
+                  for s, qids in splits.items()}
+    digest = write_questions(study.folder, splits)
+    return {"outcomes": {"measure": measure, "questions": digest, "splits": values},
+            "metrics": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in m.items()}
+                        for m in metrics.to_pylist()]}

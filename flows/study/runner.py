@@ -1,0 +1,147 @@
+"""`pforge study run`: the next rows in priority order that fit a time budget, each built with
+`pforge run CONFIG --upto STAGE` (resumable: a run stopped at the budget's end continues from its
+checkpoints and shards next time, on this root), measured from the root, and its record written
+into the repository and committed there at once, so a machine that goes away loses only the row in
+flight. A row priced above what is left of the budget is passed over for a later, cheaper one; a
+row nobody has measured yet (priced "unknown") is run, and measures itself."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from flows.study.definition import Row, Study
+from flows.study.estimate import format_duration
+from flows.study.measure import measure_row, targets
+from flows.study.records import code_commit, read_records, record_path, write_record
+from flows.study.status import BUILT, MEASURED, Plans, open_store, row_status
+from tasks.config import PROJECT_ROOT
+
+logger = logging.getLogger("passage_forge")
+STOP_GRACE_S = 120.0   # a stopped run writes its last checkpoint and stops its Prefect server
+
+
+def log_dir(root: Path) -> Path:
+    """The runs' logs, in the root (a dot-folder: the store takes it for no stage)."""
+    return root / ".study-logs"
+
+
+def pipeline_command(study: Study, row: Row, root: Path) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "--root", str(root), "run", str(study.config_of(row)),
+            "--upto", ",".join(targets(row))]
+
+
+def run_pipeline(argv: list[str], log: Path, timeout_s: float, threads: int) -> int | None:
+    """The exit status of `argv` (its output appended to `log`), or None when the budget ended
+    first: the run is then stopped with SIGTERM (pforge's own stop: children and server too)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PFORGE_THREADS": str(threads)}
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"\n$ {' '.join(argv)}\n")
+        out.flush()
+        process = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return process.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            return None
+
+
+def commit_records(repo: Path, paths: list[Path], message: str, attempts: int = 5) -> bool:
+    """Commits exactly `paths` in `repo` (whatever else is staged there stays staged, uncommitted)."""
+    relative = [str(p.resolve().relative_to(repo.resolve())) for p in paths]
+    for attempt in range(attempts):
+        added = subprocess.run(["git", "-C", str(repo), "add", "--", *relative], capture_output=True, text=True)
+        done = added.returncode == 0 and subprocess.run(
+            ["git", "-C", str(repo), "commit", "-q", "-m", message, "--only", "--", *relative],
+            capture_output=True, text=True).returncode == 0
+        if done:
+            return True
+        time.sleep(2 + 3 * attempt)   # another git command held the index lock
+    logger.warning("study: could not commit %s in %s; the files are written, commit them by hand", relative, repo)
+    return False
+
+
+def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, commit: dict,
+               repo: Path | None) -> Path:
+    """Measures a built row, writes its record (and its question list) and commits them in `repo`."""
+    store = open_store(root)
+    record = {**measure_row(study, row, plans(row), store), **commit, "machine": machine, "root": str(root)}
+    path = write_record(study.folder, record)
+    files = [path]
+    questions = record.get("outcomes", {}).get("questions")
+    if questions:
+        files.append(study.folder / "questions" / f"{questions}.json")
+    if study.tables_file:   # the committed tables follow the records (a test holds them to it)
+        from flows.study.tables import study_tables
+        from storage.fsutil import write_text_atomically
+
+        tables = study.folder.parents[1] / study.tables_file
+        write_text_atomically(tables, study_tables(study))
+        files.append(tables)
+    if repo is not None:
+        cpu = machine.get("key", "?")
+        commit_records(repo, files, f"Study record: {row.name} ({study.name}; {cpu}, commit {str(commit['commit'])[:10]})")
+    return path
+
+
+def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo: Path | None,
+              rows: list[str] | None = None, say: Callable[[str], None] = print) -> list[str]:
+    """Builds and records rows until the budget is spent; returns the rows recorded."""
+    deadline = time.monotonic() + budget_s
+    plans, commit = Plans(study), code_commit()
+    if commit.get("dirty"):
+        say("study: the code differs from its commit; records will say dirty: true (run from a clean worktree)")
+    recorded = []
+    wanted = [study.row(name) for name in rows] if rows else study.ordered()
+    for row in wanted:
+        records = read_records(study.folder)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        status = row_status(row, plans(row), open_store(root), records, machine)
+        if status.state == MEASURED:
+            continue
+        if status.state != BUILT:
+            price = status.seconds_left
+            if price is not None and price > left:
+                say(f"study: {row.name}: priced {format_duration(price)}, {format_duration(left)} left: passed over")
+                continue
+            say(f"study: {row.name}: {status.state}, priced {format_duration(price)} here; building "
+                f"({format_duration(left)} of budget left)")
+            rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{record_path(Path('.'), row.name).stem}.log",
+                              left, machine["threads"])
+            if rc is None:
+                say(f"study: {row.name}: the budget ended mid-row; it resumes from the root next time")
+                break
+            if rc != 0:
+                say(f"study: {row.name}: pforge run exited {rc} (log: {log_dir(root)}); next row")
+                continue
+        path = record_row(study, row, plans, root, machine, commit, repo)
+        recorded.append(row.name)
+        say(f"study: {row.name}: recorded {path}")
+    return recorded
+
+
+def background(argv: list[str], log: Path) -> int:
+    """Starts `pforge argv` detached from this terminal (its own session, output to `log`); the
+    child is not tagged as this process's (flows/orphans.py would stop it once this one exits)."""
+    from flows.orphans import OWNER_VARIABLE
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != OWNER_VARIABLE}
+    with open(log, "a", encoding="utf-8") as out:
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=PROJECT_ROOT, env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    return process.pid

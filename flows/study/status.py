@@ -1,0 +1,99 @@
+"""Where each row of a study stands: measured (a committed record: when, on which CPU, at which
+commit), resumable in the local artifact root (some of its steps built, or a step's work folder
+holding checkpoints or shards), or not started; and what is left of it priced on this machine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flows.study.definition import Row, Study
+from flows.study.estimate import StepPrice, format_duration, price_steps, total_seconds
+from flows.study.measure import planned_steps
+from storage import ArtifactStore
+from storage.paths import work_dir
+from tasks.engine import Plan
+
+MEASURED, RESUMABLE, BUILT, NOT_STARTED = "measured", "resumable", "built, not recorded", "not started"
+
+
+@dataclass(frozen=True)
+class RowStatus:
+    row: Row
+    state: str
+    detail: str                    # the record's origin, or how far the local root is
+    left: list[StepPrice]          # the steps still to build here, priced
+
+    @property
+    def seconds_left(self) -> float | None:
+        return total_seconds(self.left)
+
+
+class Plans:
+    """One plan per config, made when first asked for (planning reads the configs' input files)."""
+
+    def __init__(self, study: Study):
+        self.study, self._plans = study, {}
+
+    def __call__(self, row: Row) -> Plan:
+        from flows.registry import plan_for
+        from tasks.config import load_config
+
+        path = self.study.config_of(row)
+        if path not in self._plans:
+            self._plans[path] = plan_for(load_config(path))
+        return self._plans[path]
+
+
+def open_store(root: Path) -> ArtifactStore | None:
+    return ArtifactStore(root, create=False) if root.is_dir() else None
+
+
+def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[str, dict],
+               machine: dict) -> RowStatus:
+    record = records.get(row.name)
+    if record is not None:
+        origin = record.get("machine", {}).get("key", "an unnamed CPU")
+        commit = (record.get("commit") or "?")[:10]
+        return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}", [])
+    steps = planned_steps(plan, row)
+    built, in_flight = [], []
+    for name in steps:
+        stage, version = plan[name], plan.planned_version(name)
+        if store is not None and store.get(stage.artifact, version) is not None:
+            built.append(name)
+        elif store is not None and _has_work(work_dir(store.root, stage.artifact, version)):
+            in_flight.append(name)
+    left = price_steps([s for s in steps if s not in built], records, machine)
+    if len(built) == len(steps):
+        return RowStatus(row, BUILT, "its artifact is in the local root", left)
+    if built or in_flight:
+        detail = f"{len(built)} of {len(steps)} steps built" + (f"; {', '.join(in_flight)} part-built" if in_flight else "")
+        return RowStatus(row, RESUMABLE, detail, left)
+    return RowStatus(row, NOT_STARTED, f"{len(steps)} steps", left)
+
+
+def _has_work(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def study_status(study: Study, root: Path, records: dict[str, dict], machine: dict,
+                 plans: Plans | None = None) -> list[RowStatus]:
+    plans = plans or Plans(study)
+    store = open_store(root)
+    return [row_status(row, plans(row), store, records, machine) for row in study.ordered()]
+
+
+def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: dict) -> str:
+    measured = sum(s.state == MEASURED for s in statuses)
+    priced = [s.seconds_left for s in statuses if s.state != MEASURED]
+    known = sum(p for p in priced if p is not None)
+    unknown = sum(p is None for p in priced)
+    lines = [f"study {study.name}: {measured} of {len(statuses)} rows measured; root {root}",
+             f"this machine: {machine['key']}, {machine['threads']} threads, fp32 probe {machine['sgemm_gflops']} GFLOP/s",
+             f"left here: {format_duration(known)} of priced work" + (f", {unknown} rows unpriced" if unknown else ""),
+             "",
+             f"{'p':>1}  {'row':34s} {'state':20s} {'left here':>10s}  detail"]
+    for s in statuses:
+        left = "-" if s.state == MEASURED else format_duration(s.seconds_left)
+        lines.append(f"{s.row.priority:>1}  {s.row.name:34s} {s.state:20s} {left:>10s}  {s.detail}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,172 @@
+"""Every table of a study from its committed records alone (no artifact root): each system's test
+metrics with where it was measured, the reproduction table with paired bootstrap intervals, the
+bars, and the stage build times per CPU. `pforge study tables` prints them as Markdown."""
+from __future__ import annotations
+
+from flows.study.definition import Bar, Claim, Study
+from flows.study.records import NDCG_AT_10, RANK, outcomes_by_split, read_records
+
+SPLIT = "test"
+TOP_KS = (1, 5, 20, 100)
+
+
+def hit_at(value, k: int) -> float:
+    return 1.0 if value is not None and value <= k else 0.0
+
+
+def score_of(measure: str, value, k: int) -> float:
+    """One question's score: top-k hit (answer-match corpora) or its nDCG@10 (qrels corpora)."""
+    return hit_at(value, k) if measure == RANK else float(value or 0.0)
+
+
+class Results:
+    """The records of a study, with each runs row's test outcomes joined to its question ids."""
+
+    def __init__(self, study: Study, records: dict[str, dict] | None = None):
+        self.study = study
+        self.records = read_records(study.folder) if records is None else records
+        self.outcomes = {name: outcomes_by_split(r, study.folder) for name, r in self.records.items()
+                         if r.get("kind", "runs") == "runs"}
+
+    def measure(self, row: str) -> str:
+        return self.records[row]["outcomes"]["measure"]
+
+    def test(self, row: str) -> dict | None:
+        return self.outcomes.get(row, {}).get(SPLIT)
+
+    def score(self, row: str, k: int) -> float | None:
+        """Top-k accuracy (or mean nDCG@10) in points on the test split; None: not measured."""
+        values = self.test(row)
+        if not values:
+            return None
+        return 100 * sum(score_of(self.measure(row), v, k) for v in values.values()) / len(values)
+
+
+def where(record: dict) -> str:
+    machine = record.get("machine") or {}
+    commit = f"commit {record['commit'][:10]}" if record.get("commit") else "commit not recorded"
+    return f"{machine.get('key', '?')}, {machine.get('threads', '?')} threads; {commit}"
+
+
+def systems_table(results: Results) -> list[str]:
+    lines = [f"| row | questions | {' | '.join(f'top-{k}' for k in TOP_KS)} | nDCG@10 | measured on |",
+             "|---|---:|" + "---:|" * (len(TOP_KS) + 1) + "---|"]
+    for row in results.study.ordered():
+        values = results.test(row.name)
+        if values is None:
+            continue
+        if results.measure(row.name) == RANK:
+            cells = [f"{results.score(row.name, k):.1f}" for k in TOP_KS] + ["-"]
+        else:
+            cells = ["-"] * len(TOP_KS) + [f"{results.score(row.name, 10):.1f}"]
+        lines.append(f"| {row.name} | {len(values):,} | {' | '.join(cells)} | {where(results.records[row.name])} |")
+    return lines
+
+
+def compare(results: Results, a: str, b: str, k: int, samples: int, seed: int = 0) -> dict:
+    """A minus B in points over the test questions both were measured on, with its paired
+    bootstrap interval (tasks.evaluation.bootstrap, the evaluate stage's)."""
+    from tasks.evaluation.bootstrap import paired_bootstrap
+
+    va, vb = results.test(a), results.test(b)
+    qids = sorted(va.keys() & vb.keys())
+    if not qids:
+        raise ValueError(f"rows {a!r} and {b!r} share no {SPLIT} question")
+    ma, mb = results.measure(a), results.measure(b)
+    return paired_bootstrap([score_of(ma, va[q], k) for q in qids], [score_of(mb, vb[q], k) for q in qids],
+                            samples=samples, seed=seed)
+
+
+def claim_line(results: Results, claim: Claim, samples: int) -> str:
+    from tasks.evaluation.bootstrap import verdict
+
+    if claim.row is not None:
+        return _classifier_line(claim, results.records.get(claim.row))
+    if results.test(claim.a) is None or results.test(claim.b) is None:
+        missing = [n for n in (claim.a, claim.b) if results.test(n) is None]
+        return f"| {claim.paper} | {claim.claim} | not measured: {', '.join(missing)} | - | - |"
+    r = compare(results, claim.a, claim.b, claim.k, samples)
+    what = f"top-{claim.k}" if results.measure(claim.a) == RANK else "nDCG@10"
+    return (f"| {claim.paper} | {claim.claim} | {what} {100 * r['a']:.1f} vs {100 * r['b']:.1f} ({claim.a} vs "
+            f"{claim.b}) | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {_reproduced(verdict(r))} |")
+
+
+def _reproduced(verdict: str) -> str:
+    return {"yes": "yes", "no, B is": "no: B is better", "not shown": "not reproduced (interval spans 0)"}[verdict]
+
+
+def _classifier_line(claim: Claim, record: dict | None) -> str:
+    rows = ((record or {}).get("details") or {}).get("report") or []
+    by = {r["model"].split(" ")[0]: r for r in rows}
+    if "cross-attention" not in by or "dual" not in by:
+        return f"| {claim.paper} | {claim.claim} | not measured: {claim.row} | - | - |"
+    ce, de = by["cross-attention"], by["dual"]
+    here = f"F1 {100 * ce['f1']:.1f} vs {100 * de['f1']:.1f}; AUC {100 * ce['auc']:.1f} vs {100 * de['auc']:.1f}"
+    return f"| {claim.paper} | {claim.claim} | {here} | - | {'yes' if ce['f1'] > de['f1'] and ce['auc'] > de['auc'] else 'no'} |"
+
+
+def reproduction_table(results: Results, samples: int) -> list[str]:
+    return (["| paper | claim | here (A vs B, test split) | 95% interval of A - B | reproduced? |",
+             "|---|---|---|---|---|"] + [claim_line(results, c, samples) for c in results.study.claims])
+
+
+def bar_line(results: Results, bar: Bar) -> str:
+    scored = {n: results.score(n, bar.k) for n in bar.candidates if results.test(n) is not None}
+    if not scored:
+        return f"| {bar.bar} | not measured | - |"
+    best = max(scored, key=scored.get)
+    share = f" (best of {len(scored)} of {len(bar.candidates)} rows measured)" if len(bar.candidates) > 1 else ""
+    met = "met" if scored[best] >= bar.at_least else "not met"
+    return f"| {bar.bar} | {best}: top-{bar.k} {scored[best]:.1f}{share} | {met} |"
+
+
+def bars_table(results: Results) -> list[str]:
+    return ["| bar | measured | |", "|---|---|---|"] + [bar_line(results, b) for b in results.study.bars]
+
+
+def stage_times_table(results: Results, min_s: float = 30.0) -> list[str]:
+    """Each step built in `min_s` or more, per CPU (the first record that carries it)."""
+    seen, lines = set(), ["| step | CPU | build | rows | in the record of |", "|---|---|---:|---:|---|"]
+    for name, record in sorted(results.records.items(), key=lambda kv: kv[1].get("recorded_at", "")):
+        key = (record.get("machine") or {}).get("key", "?")
+        for stage in record.get("stages", []):
+            if (stage["step"], stage["version"], key) in seen or (stage.get("build_s") or 0) < min_s:
+                continue
+            seen.add((stage["step"], stage["version"], key))
+            lines.append(f"| {stage['step']} | {key} | {stage['build_s'] / 60:.1f} min | {stage.get('rows') or 0:,} | "
+                         f"{name} |")
+    return lines
+
+
+def other_rows(results: Results) -> list[str]:
+    """What the classifier and generation records report beside the runs."""
+    lines = []
+    for name, record in results.records.items():
+        if record.get("kind") == "generation":
+            stats = record.get("details") or {}
+            shown = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+            lines.append(f"- {name}: " + ", ".join(f"{k} {v:,.4g}" for k, v in sorted(shown.items())) +
+                         f" ({where(record)})")
+        elif record.get("kind") == "classifier":
+            details = record.get("details") or {}
+            auc = f"dev AUC {details['dev_auc']:.3f}; " if details.get("dev_auc") is not None else ""
+            origin = f"; from {record['backfilled_from']}" if record.get("backfilled_from") else ""
+            lines.append(f"- {name} ({record.get('version', '?')}): {auc}table 2 on the test split above; "
+                         f"{where(record)}{origin}")
+    return lines
+
+
+def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] | None = None) -> str:
+    results = Results(study, records)
+    measured = len(results.records)
+    out = [f"# Study {study.name}: every table from its records", "",
+           f"{measured} of {len(study.rows)} rows measured (records: studies/{study.name}/records/). "
+           f"Regenerate: `pforge study tables {study.name}`.", "",
+           "## Reproduction", "", *reproduction_table(results, samples), "",
+           "## Bars", "", *bars_table(results), "",
+           f"## Systems ({SPLIT} split)", "", *systems_table(results), ""]
+    extra = other_rows(results)
+    if extra:
+        out += ["## Classifier and generation", "", *extra, ""]
+    out += ["## Stage build times (30 s or more), per CPU", "", *stage_times_table(results), ""]
+    return "\n".join(out)

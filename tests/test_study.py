@@ -1,0 +1,216 @@
+"""The study in pieces (flows/study/): its definition, the records a finished row leaves in the
+repository, the tables built from those records alone, the prices of rows on this machine, and a
+runner that builds rows within a budget and commits each record as it lands."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flows.study.cli import parse_duration
+from flows.study.definition import load_study
+from flows.study.estimate import price_step, measured_steps
+from flows.study.records import RANK, read_records, write_questions, write_record
+from flows.study.tables import Results, compare, study_tables
+from tasks.config import PROJECT_ROOT
+
+TEST_QIDS = [f"q{i:03d}" for i in range(40)]
+ZEN3 = {"key": "AMD EPYC (family 25 model 1)", "threads": 2, "sgemm_gflops": 100.0}
+ZEN5 = {"key": "AMD EPYC (family 26 model 2)", "threads": 2, "sgemm_gflops": 200.0}
+
+
+def _study_folder(tmp_path, rows, claims=(), bars=(), config="configs/tiny.yaml", tables_file=None):
+    folder = tmp_path / "studies" / "mini"
+    folder.mkdir(parents=True)
+    lines = ["name: mini", f"default_config: {config}"] + ([f"tables_file: {tables_file}"] if tables_file else []) + ["rows:"]
+    lines += [f"  - {json.dumps(r)}" for r in rows]
+    if claims:
+        lines += ["claims:"] + [f"  - {json.dumps(c)}" for c in claims]
+    if bars:
+        lines += ["bars:"] + [f"  - {json.dumps(b)}" for b in bars]
+    (folder / "study.yaml").write_text("\n".join(lines) + "\n")
+    return load_study(folder / "study.yaml")
+
+
+def _runs_record(study, row, ranks, machine=ZEN3, stages=()):
+    digest = write_questions(study.folder, {"test": TEST_QIDS})
+    return write_record(study.folder, {
+        "row": row, "kind": "runs", "system": row, "stage": f"search:{row}", "commit": "c" * 40, "dirty": False,
+        "machine": machine, "outcomes": {"measure": RANK, "questions": digest, "splits": {"test": list(ranks)}},
+        "metrics": [], "stages": list(stages), "versions": {}})
+
+
+def test_the_shipped_study_loads_and_names_real_rows():
+    study = load_study("squad-open")
+    names = [r.name for r in study.rows]
+    assert len(names) == len(set(names))
+    assert [r.priority for r in study.ordered()] == sorted(r.priority for r in study.rows)
+    first = [r.name for r in study.ordered() if r.priority == 1]
+    assert {"gold-s1", "stage1-s1", "two-stage-s1", "classifier", "generation", "hybrid-gold-s1-rerank"} <= set(first)
+    claimed = {n for c in study.claims for n in (c.a, c.b, c.row) if n}
+    assert claimed <= set(names)
+
+
+def test_every_row_of_the_shipped_study_is_a_step_of_its_configs_plan(shared_data):
+    from flows.study.status import Plans
+
+    study = load_study("squad-open")
+    plans = Plans(study)
+    for row in study.rows:
+        plan = plans(row)
+        assert plan.resolve_name(row.stage) in plan, row.name
+
+
+def test_a_study_that_names_a_missing_row_or_a_row_twice_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="claims or bars name rows the study lacks: nowhere"):
+        _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}],
+                      claims=[{"paper": "p", "claim": "c", "a": "a", "b": "nowhere", "k": 1}])
+    with pytest.raises(ValueError, match="rows named twice: a"):
+        _study_folder(tmp_path / "x", [{"name": "a", "stage": "s", "priority": 1}, {"name": "a", "stage": "t", "priority": 2}])
+    with pytest.raises(ValueError, match="no such study"):
+        load_study("no-such-study")
+
+
+def test_tables_come_from_the_records_alone(tmp_path):
+    """No artifact root anywhere: the records and their question list give the metrics, the
+    paired bootstrap interval and the bars."""
+    study = _study_folder(
+        tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1},
+                   {"name": "c", "stage": "bm25_search", "priority": 2}],
+        claims=[{"paper": "P1", "claim": "a beats b", "a": "a", "b": "b", "k": 1},
+                {"paper": "P2", "claim": "a beats c", "a": "a", "b": "c", "k": 1}],
+        bars=[{"bar": "top-1 >= 60", "rows": ["a", "b"], "k": 1, "at_least": 60}])
+    # a: 30 of 40 at rank 1; b: 10 of 40 at rank 1, 20 more at rank 5, the rest missed.
+    _runs_record(study, "a", [1] * 30 + [3] * 10)
+    _runs_record(study, "b", [1] * 10 + [5] * 20 + [None] * 10)
+    results = Results(study)
+    assert results.score("a", 1) == 75.0 and results.score("b", 1) == 25.0 and results.score("b", 5) == 75.0
+    r = compare(results, "a", "b", 1, samples=2000)
+    assert r["difference"] == pytest.approx(0.5) and 0 < r["low"] < 0.5 < r["high"]
+    text = study_tables(study, samples=2000)
+    assert "| P1 | a beats b | top-1 75.0 vs 25.0 (a vs b) | [+" in text and "| yes |" in text
+    assert "| P2 | a beats c | not measured: c | - | - |" in text
+    assert "| top-1 >= 60 | a: top-1 75.0 (best of 2 of 2 rows measured) | met |" in text
+    assert "| a | 40 | 75.0 | 100.0 | 100.0 | 100.0 | - | AMD EPYC (family 25 model 1), 2 threads; commit cccccccccc |" in text
+    assert study_tables(study, samples=2000) == text   # the same records give the same tables
+
+
+def test_a_record_whose_outcomes_do_not_match_its_question_list_is_refused(tmp_path):
+    study = _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}])
+    _runs_record(study, "a", [1, 2, 3])
+    with pytest.raises(ValueError, match="3 outcomes on test, its question list has 40"):
+        Results(study)
+    (study.folder / "records" / "a.json").write_text("{not json")
+    with pytest.raises(ValueError, match="a.json: not a record"):
+        read_records(study.folder)
+
+
+def test_the_committed_study_tables_are_what_the_records_give_now():
+    """benchmarks/results/study_cpu.md is generated from studies/squad-open/records, never typed."""
+    expected = study_tables(load_study("squad-open"))
+    committed = (PROJECT_ROOT / "benchmarks" / "results" / "study_cpu.md").read_text(encoding="utf-8")
+    assert committed == expected, "regenerate: pforge study tables > benchmarks/results/study_cpu.md"
+
+
+def test_a_step_is_priced_from_this_cpu_then_another_cpu_scaled_then_its_first_seed_twin():
+    records = {"r1": {"recorded_at": "2026-12-01T00:00:00+00:00", "machine": ZEN5,
+                      "stages": [{"step": "train:gold-s1", "version": "v", "build_s": 1000.0}]},
+               "r2": {"recorded_at": "2026-11-01T00:00:00+00:00", "machine": ZEN3,
+                      "stages": [{"step": "encode:gold-s1", "version": "v", "build_s": 300.0}]}}
+    measured = measured_steps(records)
+    here = price_step("encode:gold-s1", measured, ZEN3)
+    assert (here.seconds, here.basis) == (300.0, "this CPU")
+    scaled = price_step("train:gold-s1", measured, ZEN3)   # the Zen 5's probe is twice this machine's
+    assert scaled.seconds == pytest.approx(2000.0) and "scaled from AMD EPYC (family 26 model 2)" in scaled.basis
+    twin = price_step("train:gold-s2", measured, ZEN3)
+    assert twin.seconds == pytest.approx(2000.0) and twin.basis.startswith("as train:gold-s1")
+    assert price_step("train:xmoco-s1", measured, ZEN3).seconds is None
+
+
+def test_durations():
+    assert [parse_duration(t) for t in ("150m", "2h", "2h30m", "90s")] == [9000, 7200, 9000, 90]
+    for bad in ("", "soon", "0m", "5"):
+        with pytest.raises(Exception):
+            parse_duration(bad)
+
+
+# ------------------------------------------------------------------ the runner, on the tiny config
+@pytest.fixture
+def repo(tmp_path):
+    """A git checkout holding a study of two rows on configs/tiny.yaml (BM25 and nothing else)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for key, value in (("user.email", "study@example.org"), ("user.name", "study")):
+        subprocess.run(["git", "-C", str(tmp_path), "config", key, value], check=True)
+    study = _study_folder(tmp_path, [{"name": "bm25", "stage": "bm25_search", "priority": 1},
+                                     {"name": "bm25-second", "system": "bm25", "stage": "bm25_search", "priority": 2}],
+                          config=str(PROJECT_ROOT / "configs" / "tiny.yaml"), tables_file="results/mini.md")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-q", "-m", "study"], check=True)
+    return tmp_path, study
+
+
+def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, shared_data, tmp_path_factory):
+    from flows.study.machine import describe_cpu
+    from flows.study.runner import run_study
+    from flows.study.status import MEASURED, study_status
+
+    checkout, study = repo
+    (checkout / "unrelated.txt").write_text("staged, not the study's\n")
+    subprocess.run(["git", "-C", str(checkout), "add", "unrelated.txt"], check=True)
+    root = tmp_path_factory.mktemp("root")
+    machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
+    said = []
+    recorded = run_study(study, root, 600, machine, repo=checkout, say=said.append)
+    assert recorded == ["bm25", "bm25-second"]   # the second is the same artifact: measured, not rebuilt
+    records = read_records(study.folder)
+    record = records["bm25"]
+    assert record["machine"]["key"] == machine["key"] and record["commit"] and record["version"]
+    assert {s["step"] for s in record["stages"]} == {"ingest_documents", "ingest_questions", "chunk", "link_gold",
+                                                     "bm25_index", "bm25_search"}   # scoring's inputs too
+    assert all(s["build_s"] is not None for s in record["stages"])
+    test_ranks = record["outcomes"]["splits"]["test"]
+    top1 = [m for m in record["metrics"] if m["metric"] == "top_k_accuracy" and m["k"] == 1 and m["split"] == "test"]
+    assert top1[0]["value"] == pytest.approx(sum(r == 1 for r in test_ranks) / len(test_ranks))
+    log = subprocess.run(["git", "-C", str(checkout), "log", "--name-only", "--format=%s"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "Study record: bm25 (mini;" in log and "studies/mini/records/bm25.json" in log
+    assert "unrelated.txt" not in log and "results/mini.md" in log
+    assert (checkout / "results" / "mini.md").read_text() == study_tables(study)   # the tables follow the records
+    staged = subprocess.run(["git", "-C", str(checkout), "diff", "--cached", "--name-only"], capture_output=True,
+                            text=True, check=True).stdout
+    assert staged.split() == ["unrelated.txt"]
+    assert all(s.state == MEASURED for s in study_status(study, root, records, machine))
+    assert "top-1" in study_tables(study, samples=200)
+
+
+def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_factory):
+    from flows.study.runner import run_study
+
+    checkout, study = repo
+    machine = {**ZEN3, "threads": 1}
+    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
+    write_record(study.folder, {"row": "elsewhere", "kind": "runs", "machine": ZEN3, "commit": None,
+                                "stages": [{"step": s, "version": "v", "build_s": 3600.0} for s in steps]})
+    said = []
+    recorded = run_study(study, tmp_path_factory.mktemp("root"), 60, machine, repo=None, say=said.append)
+    assert recorded == []
+    assert any("bm25: priced 6.0 h, 1 min left: passed over" in line for line in said)
+
+
+def test_study_status_and_tables_from_the_command_line(repo, tmp_path):
+    checkout, study = repo
+    _runs_record(study, "bm25", [1] * 40)
+    env_root = tmp_path / "no-root-here"
+    status = subprocess.run([sys.executable, "-m", "flows.cli", "--root", str(env_root), "study", "status", "mini",
+                             "--records-into", str(checkout), "--threads", "1"],
+                            capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert status.returncode == 0, status.stderr
+    assert "study mini: 1 of 2 rows measured" in status.stdout
+    assert "bm25-second" in status.stdout and "not started" in status.stdout
+    tables = subprocess.run([sys.executable, "-m", "flows.cli", "study", "tables", "mini", "--records-into",
+                             str(checkout), "--samples", "200"], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert tables.returncode == 0, tables.stderr
+    assert "| bm25 | 40 | 100.0 |" in tables.stdout
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "study", "run", "--budget", "soon"], capture_output=True,
+                         text=True, cwd=PROJECT_ROOT)
+    assert bad.returncode == 2 and "a duration such as 150m" in bad.stderr
