@@ -79,10 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
+    export = sub.add_parser("export", help="write an artifact as a checksummed archive with a description of "
+                                           "its version and lineage (for another machine's store: pforge import)")
+    export.add_argument("artifact", metavar="STAGE[:VERSION]", help="as `pforge artifacts --lineage` takes it")
+    export.add_argument("--to", type=Path, required=True, metavar="FOLDER", help="where the two files go")
+    imp = sub.add_parser("import", help="commit exported artifacts into the store, after checking each archive's "
+                                        "SHA-256 and that its parameters and inputs give the version it names")
+    imp.add_argument("descriptions", nargs="+", type=Path, metavar="STAGE-VERSION.json")
     from flows.study.cli import add_parser as add_study_parser
 
     study = add_study_parser(sub)
-    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan, study):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan, study, export, imp):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -313,6 +320,28 @@ def _refresh(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from storage import ArtifactStore, resolve_root
+    from storage.transfer import export_artifact
+
+    store = ArtifactStore(resolve_root(args.root), create=False)
+    artifact = store.find(args.artifact)
+    description = export_artifact(store, artifact, args.to)
+    print(f"exported {artifact.stage} {artifact.version}: {description} (and its archive beside it)")
+    return 0
+
+
+def _import(args) -> int:
+    from storage import ArtifactStore, resolve_root
+    from storage.transfer import import_artifact
+
+    store = ArtifactStore(resolve_root(args.root))
+    for description in args.descriptions:
+        artifact = import_artifact(store, description)
+        print(f"{'already in the store' if artifact.cache_hit else 'imported'}: {artifact.stage} {artifact.version}")
+    return 0
+
+
 def _study(args) -> int:
     from flows.study.cli import study_command
 
@@ -328,7 +357,7 @@ def _serve(args) -> int:
 
 COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
             "refresh": _refresh, "serve": _serve, "compare": _compare, "plan": _plan,
-            "study": _study}
+            "study": _study, "export": _export, "import": _import}
 
 if __name__ == "__main__":
     sys.exit(main())

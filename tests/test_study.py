@@ -19,10 +19,11 @@ ZEN3 = {"key": "AMD EPYC (family 25 model 1)", "threads": 2, "sgemm_gflops": 100
 ZEN5 = {"key": "AMD EPYC (family 26 model 2)", "threads": 2, "sgemm_gflops": 200.0}
 
 
-def _study_folder(tmp_path, rows, claims=(), bars=(), config="configs/tiny.yaml", tables_file=None):
+def _study_folder(tmp_path, rows, claims=(), bars=(), config="configs/tiny.yaml", tables_file=None, shared=()):
     folder = tmp_path / "studies" / "mini"
     folder.mkdir(parents=True)
-    lines = ["name: mini", f"default_config: {config}"] + ([f"tables_file: {tables_file}"] if tables_file else []) + ["rows:"]
+    lines = ["name: mini", f"default_config: {config}"] + ([f"tables_file: {tables_file}"] if tables_file else [])
+    lines += ([f"shared: {json.dumps(list(shared))}"] if shared else []) + ["rows:"]
     lines += [f"  - {json.dumps(r)}" for r in rows]
     if claims:
         lines += ["claims:"] + [f"  - {json.dumps(c)}" for c in claims]
@@ -143,7 +144,8 @@ def repo(tmp_path):
         subprocess.run(["git", "-C", str(tmp_path), "config", key, value], check=True)
     study = _study_folder(tmp_path, [{"name": "bm25", "stage": "bm25_search", "priority": 1},
                                      {"name": "bm25-second", "system": "bm25", "stage": "bm25_search", "priority": 2}],
-                          config=str(PROJECT_ROOT / "configs" / "tiny.yaml"), tables_file="results/mini.md")
+                          config=str(PROJECT_ROOT / "configs" / "tiny.yaml"), tables_file="results/mini.md",
+                          shared=["bm25_search"])
     subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "commit", "-q", "-m", "study"], check=True)
     return tmp_path, study
@@ -168,6 +170,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert {s["step"] for s in record["stages"]} == {"ingest_documents", "ingest_questions", "chunk", "link_gold",
                                                      "bm25_index", "bm25_search"}   # scoring's inputs too
     assert all(s["build_s"] is not None for s in record["stages"])
+    assert set(record["outcomes"]["splits"]) == {"dev", "test"}   # not the train split: rows are compared on these
     test_ranks = record["outcomes"]["splits"]["test"]
     top1 = [m for m in record["metrics"] if m["metric"] == "top_k_accuracy" and m["k"] == 1 and m["split"] == "test"]
     assert top1[0]["value"] == pytest.approx(sum(r == 1 for r in test_ranks) / len(test_ranks))
@@ -181,6 +184,15 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert staged.split() == ["unrelated.txt"]
     assert all(s.state == MEASURED for s in study_status(study, root, records, machine))
     assert "top-1" in study_tables(study, samples=200)
+    # The shared step travels with the repository: exported, committed, and imported by a new machine.
+    assert f"studies/mini/shared/bm25_runs-{record['version']}.tar.gz" in log
+    fresh = tmp_path_factory.mktemp("fresh-root")
+    said.clear()
+    assert run_study(study, fresh, 600, machine, repo=checkout, say=said.append) == []
+    assert f"study: imported bm25_runs {record['version']} from bm25_runs-{record['version']}.json" in said
+    from storage import ArtifactStore
+
+    assert ArtifactStore(fresh).get("bm25_runs", record["version"]) is not None
 
 
 def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_factory):

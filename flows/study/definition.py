@@ -62,6 +62,9 @@ class Study(BaseModel):
     tables_file: Optional[str] = Field(None, description="where the tables are kept, relative to the repository: "
                                                           "rewritten and committed with every record")
     rows: list[Row] = Field(min_length=1)
+    shared: list[str] = Field(default_factory=list, description=(
+        "steps of the default config whose artifacts are costly to make and small to keep: exported into shared/ "
+        "(checksummed) once built, and imported into the root before rows are built"))
     claims: list[Claim] = Field(default_factory=list)
     bars: list[Bar] = Field(default_factory=list)
     folder: Path = Field(default=Path("."), exclude=True)
@@ -72,6 +75,10 @@ class Study(BaseModel):
     @property
     def records_dir(self) -> Path:
         return self.folder / "records"
+
+    @property
+    def shared_dir(self) -> Path:
+        return self.folder / "shared"
 
     def ordered(self) -> list[Row]:
         """Rows by priority, then in file order."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.study.definition import Row, Study
-from flows.study.records import NDCG_AT_10, OUTCOME_DIGITS, RANK, write_questions
+from flows.study.records import NDCG_AT_10, OUTCOME_DIGITS, OUTCOME_SPLITS, RANK, write_questions
 from storage import ArtifactStore
 from tasks.engine import Plan
 
@@ -90,6 +90,7 @@ def _runs_outcomes(study: Study, row: Row, plan: Plan, store: ArtifactStore, run
                                         ignore_identical_ids=scoring.ignore_identical_ids)
     split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
     run_splits = {split_of.get(q) for q in pc.unique(run.column("qid")).to_pylist()} - {None}
+    run_splits = (run_splits & set(OUTCOME_SPLITS)) or run_splits   # what rows are compared on, not what they trained on
     if carries_answers(questions):
         measure = RANK
         value_of = {(s, q): r for q, s, r in zip(results.column("qid").to_pylist(), results.column("split").to_pylist(),

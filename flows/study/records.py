@@ -21,6 +21,7 @@ SCHEMA = 1
 RANK = "first_hit_rank"          # answer-match corpora: 1-based rank of the first answer-bearing passage, None: none in the top 100
 NDCG_AT_10 = "ndcg_cut_10"       # qrels corpora (BEIR): the query's nDCG@10
 OUTCOME_DIGITS = 4               # nDCG values kept to 4 decimals
+OUTCOME_SPLITS = ("dev", "test")  # the per-question outcomes kept (a corpus without them keeps what it has)
 
 
 def question_digest(splits: dict[str, list[str]]) -> str:

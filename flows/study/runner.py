@@ -78,7 +78,7 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
     store = open_store(root)
     record = {**measure_row(study, row, plans(row), store), **commit, "machine": machine, "root": str(root)}
     path = write_record(study.folder, record)
-    files = [path]
+    files = [path, *export_shared(study, plans, root)]
     questions = record.get("outcomes", {}).get("questions")
     if questions:
         files.append(study.folder / "questions" / f"{questions}.json")
@@ -95,6 +95,36 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
     return path
 
 
+def import_shared(study: Study, root: Path, say: Callable[[str], None]) -> None:
+    """Every export under shared/ into the root (a cache hit where it is there)."""
+    from storage import ArtifactStore
+    from storage.transfer import DESCRIPTION_SUFFIX, import_artifact
+
+    if not study.shared_dir.is_dir():
+        return
+    store = ArtifactStore(root)
+    for description in sorted(study.shared_dir.glob(f"*{DESCRIPTION_SUFFIX}")):
+        artifact = import_artifact(store, description)
+        if not artifact.cache_hit:
+            say(f"study: imported {artifact.stage} {artifact.version} from {description.name}")
+
+
+def export_shared(study: Study, plans: Plans, root: Path) -> list[Path]:
+    """The shared steps built in the root and not exported yet, exported; returns the new files."""
+    from storage.transfer import ARCHIVE_SUFFIX, export_artifact, export_name
+
+    plan, store, files = plans.default(), open_store(root), []
+    for step in study.shared:
+        stage = plan[plan.resolve_name(step)]
+        artifact = store.get(stage.artifact, plan.planned_version(stage.name)) if store is not None else None
+        name = export_name(stage.artifact, plan.planned_version(stage.name))
+        if artifact is None or (study.shared_dir / f"{name}.json").is_file():
+            continue
+        description = export_artifact(store, artifact, study.shared_dir)
+        files += [description, study.shared_dir / f"{name}{ARCHIVE_SUFFIX}"]
+    return files
+
+
 def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo: Path | None,
               rows: list[str] | None = None, say: Callable[[str], None] = print) -> list[str]:
     """Builds and records rows until the budget is spent; returns the rows recorded."""
@@ -103,6 +133,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
     if commit.get("dirty"):
         say("study: the code differs from its commit; records will say dirty: true (run from a clean worktree)")
     recorded = []
+    import_shared(study, root, say)
     wanted = [study.row(name) for name in rows] if rows else study.ordered()
     for row in wanted:
         records = read_records(study.folder)

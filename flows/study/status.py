@@ -35,10 +35,17 @@ class Plans:
         self.study, self._plans = study, {}
 
     def __call__(self, row: Row) -> Plan:
+        return self._plan(self.study.config_of(row))
+
+    def default(self) -> Plan:
+        from tasks.config import PROJECT_ROOT
+
+        return self._plan(PROJECT_ROOT / self.study.default_config)
+
+    def _plan(self, path: Path) -> Plan:
         from flows.registry import plan_for
         from tasks.config import load_config
 
-        path = self.study.config_of(row)
         if path not in self._plans:
             self._plans[path] = plan_for(load_config(path))
         return self._plans[path]
@@ -56,6 +63,10 @@ def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[
         commit = (record.get("commit") or "?")[:10]
         return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}", [])
     steps = planned_steps(plan, row)
+    if store is not None:   # producers of imported artifacts: a run leaves them out
+        from tasks.engine import not_needed
+
+        steps = [s for s in steps if s not in not_needed(plan, store, steps)]
     built, in_flight = [], []
     for name in steps:
         stage, version = plan[name], plan.planned_version(name)
