@@ -15,6 +15,19 @@ from tasks.errors import InputError
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
+def _count(low: int):
+    """An argparse type: a whole number of at least `low` (0 or 1), refused with the flag's name."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pforge", description="Passage Forge: dense passage retrieval pipelines")
     parser.add_argument("--root", help="artifact root (default: $PFORGE_HOME, else ./artifacts)")
@@ -27,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     only.add_argument("--upto", metavar="STAGE[,STAGE]", help="run this stage (or each of several, comma-separated) "
                                                               "and every stage it needs, not the rest (e.g. another "
                                                               "config's classifier or generator)")
-    run.add_argument("--nproc", type=int, default=1, help="train a train:NAME stage data-parallel on this many "
+    run.add_argument("--nproc", type=_count(1), default=1, help="train a train:NAME stage data-parallel on this many "
                                                           "ranks (torchrun + DDP: one per GPU, gloo on CPUs)")
     run.add_argument("--smoke", action="store_true", help="every stage of the config on a few seconds' work each "
                                                           "(3 articles, 2 steps, CPU, fp32): a check before the real run")
@@ -42,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     which = search.add_mutually_exclusive_group()
     which.add_argument("--system", help="bm25, a dense system, hybrid, a fusion (default: the promoted encoder, else bm25)")
     which.add_argument("--promoted", action="store_true", help="the dense system of the last promoted encoder")
-    search.add_argument("-k", type=int, default=10, help="passages to print (default 10)")
+    search.add_argument("-k", type=_count(1), default=10, help="passages to print (default 10)")
     search.add_argument("--config", type=Path, help="the artifacts this config built (default: the latest of the system)")
-    search.add_argument("--chars", type=int, default=240, help="characters of each passage's text to print (0: all)")
+    search.add_argument("--chars", type=_count(0), default=240, help="characters of each passage's text to print (0: all)")
     promote = sub.add_parser("promote", help="mark the trained encoder (dense_model version) that serves searches; "
                                              "without a version, list the promotions")
     promote.add_argument("version", nargs="?", help="a dense_model version (or a unique prefix of one)")
@@ -63,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("system_a")
     compare.add_argument("system_b")
     compare.add_argument("--split", default="test", help="the questions resampled (default test)")
-    compare.add_argument("-k", type=int, nargs="+", default=[1, 20], help="cut-offs (default 1 20)")
+    compare.add_argument("-k", type=_count(1), nargs="+", default=[1, 20], help="cut-offs (default 1 20)")
     compare.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples (default 10,000)")
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--evaluation", metavar="VERSION", help="this evaluation artifact (default: the newest with both)")
@@ -213,6 +226,9 @@ def _artifacts(args) -> int:
             print(f"{'  ' * row['depth']}{row['stage']} {row['version']} {json.dumps(row['parameters'], sort_keys=True)[:160]}")
         return 0
     rows = store.list_artifacts(args.stage)
+    if args.stage and not rows:
+        known = sorted({row["stage"] for row in store.list_artifacts()})
+        raise ValueError(f"{store.root}: no artifact of stage {args.stage!r}; stages: {', '.join(known) or '(none)'}")
     print(f"{'stage':14s} {'version':16s} {'rows':>10s} {'bytes':>12s} {'created_at':26s} inputs")
     for row in rows:
         inputs = row["inputs"] if isinstance(row["inputs"], dict) else json.loads(row["inputs"] or "{}")

@@ -201,3 +201,24 @@ def test_promote_takes_only_this_stores_dense_model_versions(root, tmp_path, cap
     _one_error(capsys, "dense_model")
     assert not (root / PROMOTIONS_FILE).exists()
     assert main(["--root", str(root), "promote"]) == 0 and capsys.readouterr().out.strip() == "(no promotions)"
+
+
+# -------------------------------------------------------------------------- numbers and names
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "configs/tiny.yaml", "--nproc", "0"], "--nproc: 0 is below 1"),
+    (["search", "what", "--chars", "-5"], "--chars: -5 is below 0"),
+    (["search", "what", "-k", "0"], "-k: 0 is below 1"),
+    (["compare", "a", "b", "-k", "0"], "-k: 0 is below 1"),
+    (["compare", "a", "b", "-k", "x"], "-k: 'x' is not a whole number"),
+])
+def test_counts_below_their_floor_are_refused_before_anything_runs(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--root", str(tmp_path / "none"), *argv])
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
+def test_artifacts_of_a_stage_the_store_lacks_is_an_error_naming_the_stages(root, capsys):
+    assert main(["--root", str(root), "artifacts", "--stage", "nosuch"]) == 2
+    _one_error(capsys, "no artifact of stage 'nosuch'", "stages: documents, passages")
+    assert main(["--root", str(root), "artifacts", "--stage", "passages"]) == 0

@@ -193,3 +193,16 @@ def test_systems_a_config_produces_can_be_fused_and_reranked(tmp_path):
                     "rerank: [{run: g}, {run: 'hybrid(a)'}, {run: bm25}]\nsilver: {retriever: a}\n")
     cfg = load_config(path)
     assert [r.system for r in cfg.rerank] == ["g-rerank", "hybrid-a-rerank", "bm25-rerank"]
+
+
+@pytest.mark.parametrize("ratios, needle", [
+    ("{train: -1, dev: 1, test: 1}", "train: -1.0"),
+    ("{train: -1, dev: -1, test: -1}", "split.ratios"),
+    ("{train: 0, dev: 0, test: 0}", "sum to a positive number"),
+])
+def test_split_shares_below_zero_or_summing_to_nothing_are_refused_at_load(tmp_path, ratios, needle):
+    bad = tmp_path / "split.yaml"
+    bad.write_text(f"name: x\ndata: {{squad: {{path: a.json}}}}\nsplit: {{ratios: {ratios}}}\n")
+    with pytest.raises(ConfigError, match=r"split\.yaml") as error:
+        load_config(bad)
+    assert needle in str(error.value) and "split.ratios" in str(error.value)

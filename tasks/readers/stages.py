@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional, Union
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storage import Artifact
 from storage.parquet import ParquetTableWriter, write_table
@@ -91,6 +91,17 @@ class SplitConfig(_Strict):
     seed: int = 13
     ratios: dict[str, float] = Field(default_factory=lambda: {"train": 0.6, "dev": 0.1, "test": 0.3})
     articles: dict[str, list[str]] = Field(default_factory=dict, description="explicit article titles per split; they override the ratios")
+
+    @field_validator("ratios")
+    @classmethod
+    def _shares(cls, ratios: dict[str, float]) -> dict[str, float]:
+        # A negative share silently emptied its split (and shifted the others): refused where it is written.
+        negative = sorted(name for name, share in ratios.items() if not share >= 0)
+        if negative:
+            raise ValueError(f"a split's share is 0 or more; {', '.join(f'{n}: {ratios[n]}' for n in negative)}")
+        if ratios and sum(ratios.values()) <= 0:
+            raise ValueError("the shares must sum to a positive number")
+        return ratios
 
 
 # ---------------------------------------------------------------- params
