@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     which = search.add_mutually_exclusive_group()
     which.add_argument("--system", help="bm25, a dense system, hybrid, a fusion (default: the promoted encoder, else bm25)")
     which.add_argument("--promoted", action="store_true", help="the dense system of the last promoted encoder")
-    search.add_argument("-k", type=_count(1), default=10, help="passages to print (default 10)")
+    search.add_argument("-k", type=int, default=10, help="passages to print (default 10)")
     search.add_argument("--config", type=Path, help="the artifacts this config built (default: the latest of the system)")
     search.add_argument("--chars", type=_count(0), default=240, help="characters of each passage's text to print (0: all)")
     promote = sub.add_parser("promote", help="mark the trained encoder (dense_model version) that serves searches; "
