@@ -20,7 +20,7 @@ from pathlib import Path
 from .artifact import Artifact
 from .fsutil import write_text_atomically
 from .hashing import normalize
-from .manifest import MANIFEST, read_manifest
+from .manifest import MANIFEST, RESERVED_KEYS, read_manifest
 from .store import ArtifactStore
 
 ARCHIVE_SUFFIX = ".tar.gz"
@@ -126,9 +126,8 @@ def import_artifact(store: ArtifactStore, description_path: Path) -> Artifact:
         if expected != version:
             raise TransferError(f"{archive}: its manifest's parameters and inputs give version {expected}, not the "
                                 f"{version} it names")
-        extras = {k: v for k, v in manifest.items()
-                  if k not in ("stage", "version", "code_version", "parameters", "inputs", "tables", "bytes", "rows",
-                               "created_at")}
+        # The commit writes the reserved fields anew; the build's own timings ride along as extras.
+        extras = {k: v for k, v in manifest.items() if k not in RESERVED_KEYS - {"timings"}}
         extras["imported"] = {"from": description_path.name, "sha256": actual,
                               "created_at": manifest.get("created_at")}
 

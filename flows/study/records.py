@@ -62,10 +62,13 @@ def code_commit(repo: Path = PROJECT_ROOT) -> dict:
     return {"commit": commit, "dirty": bool(changed)}
 
 
+def file_safe(row_name: str) -> str:
+    """Row names hold '(' and ':' (hybrid(gold-s1), nfcorpus:bm25): kept readable, made file-safe."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in row_name)
+
+
 def record_path(folder: Path, row_name: str) -> Path:
-    # Row names hold '(' and ':' (hybrid(gold-s1), nfcorpus:bm25): kept readable, made file-safe.
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in row_name)
-    return folder / "records" / f"{safe}.json"
+    return folder / "records" / f"{file_safe(row_name)}.json"
 
 
 def write_record(folder: Path, record: dict) -> Path:

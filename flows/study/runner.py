@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Callable
 from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
-from flows.study.records import code_commit, read_records, record_path, write_record
+from flows.study.records import code_commit, file_safe, read_records, write_record
 from flows.study.status import BUILT, MEASURED, Plans, open_store, row_status
 from tasks.config import PROJECT_ROOT
 
@@ -48,12 +47,12 @@ def run_pipeline(argv: list[str], log: Path, timeout_s: float, threads: int) -> 
         try:
             return process.wait(timeout=max(timeout_s, 1.0))
         except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            import psutil
+
+            from flows.interrupts import stop_processes
+
+            stop_processes([psutil.Process(process.pid)], STOP_GRACE_S)   # SIGTERM, then SIGKILL after the grace
+            process.wait()
             return None
 
 
@@ -111,14 +110,15 @@ def import_shared(study: Study, root: Path, say: Callable[[str], None]) -> None:
 
 def export_shared(study: Study, plans: Plans, root: Path) -> list[Path]:
     """The shared steps built in the root and not exported yet, exported; returns the new files."""
-    from storage.transfer import ARCHIVE_SUFFIX, export_artifact, export_name
+    from storage.transfer import ARCHIVE_SUFFIX, DESCRIPTION_SUFFIX, export_artifact, export_name
 
     plan, store, files = plans.default(), open_store(root), []
     for step in study.shared:
         stage = plan[plan.resolve_name(step)]
-        artifact = store.get(stage.artifact, plan.planned_version(stage.name)) if store is not None else None
-        name = export_name(stage.artifact, plan.planned_version(stage.name))
-        if artifact is None or (study.shared_dir / f"{name}.json").is_file():
+        version = plan.planned_version(stage.name)
+        artifact = store.get(stage.artifact, version) if store is not None else None
+        name = export_name(stage.artifact, version)
+        if artifact is None or (study.shared_dir / f"{name}{DESCRIPTION_SUFFIX}").is_file():
             continue
         description = export_artifact(store, artifact, study.shared_dir)
         files += [description, study.shared_dir / f"{name}{ARCHIVE_SUFFIX}"]
@@ -150,7 +150,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
                 continue
             say(f"study: {row.name}: {status.state}, priced {format_duration(price)} here; building "
                 f"({format_duration(left)} of budget left)")
-            rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{record_path(Path('.'), row.name).stem}.log",
+            rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{file_safe(row.name)}.log",
                               left, machine["threads"])
             if rc is None:
                 say(f"study: {row.name}: the budget ended mid-row; it resumes from the root next time")
