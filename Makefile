@@ -11,7 +11,20 @@ export NO_MKDOCS_2_WARNING ?= 1  # Material's end-of-life banner on every mkdocs
 
 .PHONY: demo test bench install clean test-tools docs docs-build docs-dags
 
+# The Python must be one pyproject.toml's requires-python accepts (make PYTHON=/path/to/python3.11 ...).
+define CHECK_PYTHON
+import re, sys, tomllib
+spec = tomllib.load(open("pyproject.toml", "rb"))["project"]["requires-python"]
+bound = lambda op: tuple(int(part) for part in re.search(op + r"\s*([\d.]+)", spec).group(1).split("."))
+low, high = bound(">="), bound("<")
+if not (low <= sys.version_info[:len(low)] and sys.version_info[:len(high)] < high):
+    sys.exit(f"Passage Forge needs Python {spec}; {sys.executable} is {sys.version.split()[0]}: "
+             "choose one with make PYTHON=/path/to/python3.11 (and delete .venv if it was made with another)")
+endef
+export CHECK_PYTHON
+
 $(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c "$$CHECK_PYTHON"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build is on the local file index; anything else pulls CUDA.

@@ -99,10 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     imp = sub.add_parser("import", help="commit exported artifacts into the store, after checking each archive's "
                                         "SHA-256 and that its parameters and inputs give the version it names")
     imp.add_argument("descriptions", nargs="+", type=Path, metavar="STAGE-VERSION.json")
+    verify = sub.add_parser("verify", help="check committed artifacts against the sizes and SHA-256 digests their "
+                                           "manifests record; exit 1 when a file is damaged")
+    what = verify.add_mutually_exclusive_group()
+    what.add_argument("artifact", nargs="?", metavar="STAGE[:VERSION]", help="only this artifact (default: every "
+                                                                              "committed version)")
+    what.add_argument("--config", type=Path, help="only the versions this config plans that are built")
+    verify.add_argument("--repair", action="store_true", help="move each damaged version aside (kept as "
+                                                              "<stage>/.damaged-...) so the next run rebuilds it")
     from flows.study.cli import add_parser as add_study_parser
 
     study = add_study_parser(sub)
-    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan, study, export, imp):  # --root and --debug are accepted before or after the command
+    for command in (run, arts, sql, search, promote, gc, refresh, serve, compare, plan, study, export, imp, verify):  # --root and --debug are accepted before or after the command
         command.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -110,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         _prepare_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
-    if not args.debug:
+    if args.debug:
+        os.environ["PFORGE_DEBUG"] = "1"  # the JVM's and the ONNX export's own messages too (subprocesses included)
+    else:
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it tried, on every import
         quiet_prefect_tracebacks()
     try:
         return COMMANDS[args.command](args)
@@ -137,14 +148,24 @@ def _prepare_process() -> None:
     stop_on_signals([lambda: remove_database_dir(database_dir)])
 
 
+TEMPORARY_SERVER_NOTE = ("Prefect: a temporary server for this run at {address}; a Prefect UI started later does "
+                         "not show its runs (set PREFECT_API_URL to a server's API to keep them)")
+
+
 class _NoFailureReports(logging.Filter):
     """Drops Prefect's own reports of a failed task or flow (each a traceback) from the terminal:
-    the CLI prints the one clear error line; the Prefect run log (API handler) keeps them."""
+    the CLI prints the one clear error line; the Prefect run log (API handler) keeps them. Its
+    temporary server's three lines (a docs link among them) become one that says what it means."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("prefect"):
             return True
-        return record.levelno < logging.ERROR and not record.getMessage().startswith("Finished in state Failed")
+        message = record.getMessage()
+        if message.startswith("Stopping temporary server on "):
+            return False
+        if message.startswith("Starting temporary server on "):
+            record.msg, record.args = TEMPORARY_SERVER_NOTE.format(address=message.split()[4]), ()
+        return record.levelno < logging.ERROR and not message.startswith("Finished in state Failed")
 
 
 def quiet_prefect_tracebacks() -> None:
@@ -160,14 +181,18 @@ def quiet_prefect_tracebacks() -> None:
 def _run(args) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
     cfg = load_config(args.config, smoke=args.smoke)
+    _check_stage_names(cfg, args)  # before the Prefect server starts: a typo costs no half a minute
+    _refuse_read_only(args)  # before the Prefect server starts, too
     if args.nproc > 1:
         if args.smoke:
             raise ValueError("--smoke runs in one process: leave out --nproc")
         return _run_data_parallel(args)
     from flows.pipeline import pipeline
+    from flows.server_watchdog import stopping_if_the_server_dies
     from storage import ArtifactStore, resolve_root
 
-    versions = pipeline(config=cfg, stage=args.stage, root=args.root, upto=args.upto)
+    with stopping_if_the_server_dies():  # a dead Prefect server: one line, not minutes of retries
+        versions = pipeline(config=cfg, stage=args.stage, root=args.root, upto=args.upto)
     store = ArtifactStore(resolve_root(args.root))
     for stage, version in versions.items():
         print(f"{stage:18s} {version}")
@@ -177,6 +202,27 @@ def _run(args) -> int:
         print((evaluation.path / "report.md").read_text(encoding="utf-8"))
         print(f"report: {evaluation.path / 'report.md'}")
     return 0
+
+
+def _check_stage_names(cfg, args) -> None:
+    """Every stage --stage or --upto names is one of the config's (ValueError naming the file)."""
+    from flows.registry import plan_for
+
+    names = [args.stage] if args.stage else args.upto.split(",") if args.upto is not None else []
+    plan = plan_for(cfg)
+    for name in names:
+        try:
+            plan.resolve_name(name.strip())
+        except ValueError as exc:
+            flag = "--stage" if args.stage else "--upto"
+            raise ValueError(f"{args.config}: {flag}: {exc}") from None
+
+
+def _refuse_read_only(args) -> None:
+    """A command that writes refuses a read-only root in one line (exit 2) before any work starts."""
+    from storage import require_writable_root, resolve_root
+
+    require_writable_root(resolve_root(args.root))
 
 
 def _run_data_parallel(args) -> int:
@@ -299,7 +345,7 @@ def _promote(args) -> int:
 def _gc(args) -> int:
     from storage import ArtifactStore, resolve_root
 
-    store = ArtifactStore(resolve_root(args.root), create=False)
+    store = ArtifactStore(resolve_root(args.root), create=False, writable=not args.dry_run)
     doomed = store.gc_plan(args.keep)
     total = sum(r["disk_bytes"] for r in doomed)
     for row in doomed:
@@ -315,12 +361,16 @@ def _gc(args) -> int:
 def _refresh(args) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
     cfg = load_config(args.config)
+    _refuse_read_only(args)  # before the Prefect server starts
     from flows.refresh import corpus_refresh
     from tasks.refresh.locate import is_url
+    from tasks.refresh.stages import configured_dump, locate_configured_dump
 
     dump = args.dump
     if dump and not is_url(dump):  # a path on the command line is relative to where it is typed
         dump = str(Path(dump).expanduser().absolute())
+    if not is_url(dump or configured_dump(cfg)):  # refused before the Prefect server starts (a URL: in the flow)
+        locate_configured_dump(cfg, dump)
     summary = corpus_refresh(config=cfg, dump=dump, root=args.root)
     if summary["up_to_date"]:
         print(f"up to date: the corpus was built from {summary['dump']}; nothing written")
@@ -351,11 +401,48 @@ def _import(args) -> int:
     from storage import ArtifactStore, resolve_root
     from storage.transfer import import_artifact
 
-    store = ArtifactStore(resolve_root(args.root))
+    store = ArtifactStore(resolve_root(args.root), writable=True)
     for description in args.descriptions:
         artifact = import_artifact(store, description)
         print(f"{'already in the store' if artifact.cache_hit else 'imported'}: {artifact.stage} {artifact.version}")
     return 0
+
+
+def _verify(args) -> int:
+    from storage import ArtifactStore, resolve_root
+    from storage.verify import repair, verify_store
+
+    store = ArtifactStore(resolve_root(args.root), create=False, writable=args.repair)  # --repair moves folders
+    def progress(i: int, n: int, artifact) -> None:
+        size = sum(record["bytes"] for record in (artifact.manifest.get("files") or {}).values())
+        logging.getLogger("passage_forge").info("verify %d/%d: %s %s (%s bytes)", i, n, artifact.stage,
+                                                artifact.version, f"{size:,}")
+    report = verify_store(store, _verify_targets(store, args), progress)
+    for damage in report.damaged:
+        print(damage)
+    for artifact in report.unrecorded:
+        print(f"{artifact.stage} {artifact.version}: no digests recorded (committed before they were): not checked")
+    unchecked = f"; {len(report.unrecorded)} without digests, not checked" if report.unrecorded else ""
+    print(f"verified {report.artifacts} artifacts, {report.files} files: {len(report.damaged)} damaged{unchecked}")
+    if args.repair and report.damaged:
+        for moved in repair(store, report.damaged):
+            print(f"moved {moved.stage} {moved.version} aside to {moved.folder}: the next `pforge run` of a config "
+                  "that plans it rebuilds it")
+    return 1 if report.damaged else 0  # 1 even once repaired: damage was found
+
+
+def _verify_targets(store, args) -> list | None:
+    """What `pforge verify` checks: the artifact named, the built versions a config plans, or
+    None (every committed version)."""
+    if args.artifact:
+        return [store.find(args.artifact)]
+    if args.config:
+        from flows.registry import plan_for
+
+        plan = plan_for(load_config(args.config))
+        planned = sorted({(stage.artifact, plan.planned_version(stage.name)) for stage in plan})
+        return [artifact for artifact in (store.get(*key) for key in planned) if artifact is not None]
+    return None
 
 
 def _study(args) -> int:
@@ -373,7 +460,7 @@ def _serve(args) -> int:
 
 COMMANDS = {"run": _run, "artifacts": _artifacts, "sql": _sql, "search": _search, "promote": _promote, "gc": _gc,
             "refresh": _refresh, "serve": _serve, "compare": _compare, "plan": _plan,
-            "study": _study, "export": _export, "import": _import}
+            "study": _study, "export": _export, "import": _import, "verify": _verify}
 
 if __name__ == "__main__":
     sys.exit(main())

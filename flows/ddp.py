@@ -66,7 +66,7 @@ def lead(plan, name: str, root: str | None, ranks: Ranks, config_name: str | Non
     from storage import ArtifactStore, resolve_root
     from tasks.engine import run_stage
 
-    store = ArtifactStore(resolve_root(root))
+    store = ArtifactStore(resolve_root(root), writable=True)
     stage = plan[name]
     started = []
 

@@ -28,6 +28,12 @@ CHILD_GRACE_S = 3.0   # uvicorn and Dask workers stop on SIGTERM within this; th
 
 _lock = threading.Lock()
 _cleanups: list[Callable[[], None]] = []
+_installed = False
+
+
+def installed() -> bool:
+    """Whether this process ends itself this way (a `pforge` process, not a caller's own: a test's)."""
+    return _installed
 
 
 def exit_code(signum: int) -> int:
@@ -36,6 +42,8 @@ def exit_code(signum: int) -> int:
 
 def stop_on_signals(cleanups: list[Callable[[], None]] = ()) -> None:
     """Installs the handlers (main thread only); `cleanups` run before the exit."""
+    global _installed
+    _installed = True
     _cleanups.extend(cleanups)
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -73,8 +81,14 @@ def _watch(read_fd: int) -> None:
 
 
 def stop(signum: int) -> None:
-    """Terminates the children, runs the cleanups, prints one line and exits. The first caller
-    wins; a second signal while it works waits for the exit."""
+    """Ends the process on a signal: exit 128 + the signal number (see `end_process`)."""
+    name = signal.Signals(signum).name
+    end_process(f"pforge: interrupted ({name}); nothing partial was registered", exit_code(signum))
+
+
+def end_process(line: str, code: int) -> None:
+    """Terminates the children, runs the cleanups, prints `line` and exits with `code`. The first
+    caller wins; a second (a signal while it works) waits for the exit."""
     if not _lock.acquire(blocking=False):
         threading.Event().wait()   # the first caller is exiting the process
     try:
@@ -87,11 +101,10 @@ def stop(signum: int) -> None:
                 cleanup()
             except Exception:   # an exit path must not fail
                 pass
-        name = signal.Signals(signum).name
         # os.write: no Python stream lock, which the interrupted main thread may hold
-        os.write(2, f"pforge: interrupted ({name}); nothing partial was registered\n".encode())
+        os.write(2, f"{line}\n".encode())
     finally:
-        os._exit(exit_code(signum))
+        os._exit(code)
 
 
 def terminate_children(grace_s: float = CHILD_GRACE_S) -> None:

@@ -18,7 +18,7 @@ def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = N
     """Run the pipeline (or only `stage`, on its latest upstream artifacts; or `upto`: that stage
     (or each of "A,B") and every stage it needs, not the rest). Returns stage -> version."""
     plan = plan_for(config)
-    store = ArtifactStore(resolve_root(root))  # opened once per flow run
+    store = ArtifactStore(resolve_root(root), writable=True)  # opened once per flow run
     logger = get_run_logger()
     if stage is not None:
         name = plan.resolve_name(stage)

@@ -31,7 +31,7 @@ def corpus_refresh(config: PipelineConfig = PipelineConfig(), dump: Optional[str
     """Refresh the corpus `config` built from a newer dump (`dump`: a path, a glob or a URL with
     an optional {date}; empty: the config's refresh.dump, else its own dump read again). Returns
     the versions in force, the counts and the report's path."""
-    store = ArtifactStore(resolve_root(root))
+    store = ArtifactStore(resolve_root(root), writable=True)
 
     def summarize(stage, artifact) -> None:
         publish_summary(artifact_key(config.name, stage.name, "summary"), stage.name, artifact)

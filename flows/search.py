@@ -139,8 +139,10 @@ def promote(version: str, *, root: str | Path | None = None, note: str | None = 
     Raises:
         ValueError: no dense_model version matches, or several do.
         RuntimeError: the artifact has no `model/` folder to serve.
+        ReadOnlyStoreError: the root is read-only.
     """
     store = store or ArtifactStore(resolve_root(str(root) if root is not None else None), create=False)
+    store.require_writable()
     artifact = resolve_model(store, version)
     if not (artifact.path / "model").is_dir():
         raise RuntimeError(f"{artifact.path}: {MODEL_STAGE} {artifact.version} has no model/ folder to serve")

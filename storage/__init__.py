@@ -6,6 +6,6 @@ from .artifact import Artifact
 from .hashing import version_for
 from .parquet import ParquetTableWriter, write_table
 from .paths import resolve_root
-from .store import ArtifactStore, MissingStoreError
+from .store import ArtifactStore, MissingStoreError, ReadOnlyStoreError, require_writable_root
 
-__all__ = ["Artifact", "ArtifactStore", "MissingStoreError", "ParquetTableWriter", "resolve_root", "version_for", "write_table"]
+__all__ = ["Artifact", "ArtifactStore", "MissingStoreError", "ParquetTableWriter", "ReadOnlyStoreError", "require_writable_root", "resolve_root", "version_for", "write_table"]

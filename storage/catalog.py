@@ -20,6 +20,10 @@ views read its Parquet), no extensions, no ATTACH, the configuration locked.
 A rebuild that cannot write (a full disk: DuckDB raises a FatalException) leaves the catalog in
 place and raises StoreWriteError, one line naming the root and the cause.
 
+On a root this process cannot write (a read-only mount: a container, a shared volume), readers
+use the file on disk when it is current; when it is stale or missing they read a private catalog
+built in a temporary folder outside the root (`serve_read_only`), and nothing is written to the root.
+
 Promotions (`pforge promote`) are recorded in <root>/promotions.jsonl (append-only, fsynced, under
 the rebuild lock) and indexed in the `promotions` table; a catalog built before the record last
 changed counts as stale, so the next open rebuilds it.
@@ -31,6 +35,9 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import tempfile
+import weakref
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -154,16 +161,19 @@ class Catalog:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.path = self.root / CATALOG_FILE
+        self.disk_path = self.root / CATALOG_FILE  # what rebuilds write
+        self.path = self.disk_path  # what readers read: a private file instead on a read-only root
         self.lock_path = self.root / CATALOG_LOCK
+        self._private_dir: Path | None = None
 
     # -- reading ----------------------------------------------------------------------
     @contextmanager
-    def read(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-only DuckDB connection to the catalog file as it is now, closed on exit. Trusted
-        callers only: user SQL goes through `query`, which sandboxes it."""
+    def read(self, path: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only DuckDB connection to the catalog file (`path`, else the one readers read) as
+        it is now, closed on exit. Trusted callers only: user SQL goes through `query`, which
+        sandboxes it."""
         # A fresh read-only connection per call: it sees the file as renamed in at that moment.
-        con = duckdb.connect(str(self.path), read_only=True)
+        con = duckdb.connect(str(path or self.path), read_only=True)
         try:
             yield con
         finally:
@@ -172,10 +182,13 @@ class Catalog:
     def built_from(self) -> str | None:
         """The fingerprint the current file was built from; None if absent, of an older format, or
         built before the promotions record last changed (so the next reconcile rebuilds it)."""
-        if not self.path.exists():
+        return self._built_from(self.path)
+
+    def _built_from(self, path: Path) -> str | None:
+        if not path.exists():
             return None
         try:
-            with self.read() as con:
+            with self.read(path) as con:
                 row = con.execute(f"SELECT format, fingerprint, promotions FROM {META_TABLE}").fetchone()
         except duckdb.Error:
             return None
@@ -232,12 +245,11 @@ class Catalog:
                 # A full disk surfaces as a DuckDB FatalException (which invalidates that database:
                 # it was a temporary one, dropped below) or IOException: the catalog in place stays.
                 raise write_error(self.root, "writing the catalog", exc) from exc
-            os.replace(tmp, self.path)
+            os.replace(tmp, self.disk_path)
             fsync_dir(self.root)
         finally:
-            for leftover in (tmp, Path(f"{tmp}.wal")):
-                leftover.unlink(missing_ok=True)
-        Path(f"{self.path}.wal").unlink(missing_ok=True)  # a WAL of a replaced file would be replayed onto the new one
+            _remove_database(tmp)
+        Path(f"{self.disk_path}.wal").unlink(missing_ok=True)  # a WAL of a replaced file would be replayed onto the new one
 
     def _write(self, tmp: Path, committed: Committed) -> None:
         con = duckdb.connect(str(tmp))
@@ -261,6 +273,39 @@ class Catalog:
                 con.close()
             except duckdb.Error:  # closing a connection a FatalException invalidated
                 pass
+
+    # -- a read-only root ------------------------------------------------------------------
+    def serve_read_only(self, committed: Committed) -> bool:
+        """Point readers at a catalog of `committed` without writing to the root: the file on disk
+        when it is current, else a private one built now in a temporary folder outside the root
+        (removed with this catalog, or when the process exits). True when one was built."""
+        wanted = fingerprint(committed)
+        for path in (self.disk_path, self._private_path()):
+            if path is not None and self._built_from(path) == wanted:
+                self.path = path
+                return False
+        self.path = self._build_private(committed)
+        return True
+
+    def _private_path(self) -> Path | None:
+        return self._private_dir / CATALOG_FILE if self._private_dir is not None else None
+
+    def _build_private(self, committed: Committed) -> Path:
+        if self._private_dir is None:
+            self._private_dir = Path(tempfile.mkdtemp(prefix="pforge-catalog-"))
+            weakref.finalize(self, shutil.rmtree, self._private_dir, True)  # also runs at exit
+        target = self._private_dir / CATALOG_FILE
+        tmp = self._private_dir / f".catalog-{secrets.token_hex(4)}.duckdb"
+        try:
+            try:
+                self._write(tmp, committed)
+            except (duckdb.Error, OSError) as exc:
+                raise write_error(self._private_dir, f"writing a private catalog for the read-only root {self.root}",
+                                  exc) from exc
+            os.replace(tmp, target)  # a reader's connection keeps the file it opened
+        finally:
+            _remove_database(tmp)
+        return target
 
     @contextmanager
     def rebuilding(self) -> Iterator[None]:
@@ -335,6 +380,8 @@ def _one_statement(sql: str) -> str:
     statement = statements[0]
     if statement.type not in READ_STATEMENTS:
         kind = statement.type.name.replace("_", " ")
+        if kind == "LOAD":  # DuckDB files INSTALL under the LOAD type: name what the user wrote
+            kind = statement.query.split(maxsplit=1)[0].upper()
         raise CatalogError(f"catalog query failed: the catalog is read-only: {kind} statements are refused "
                            "(queries read the views and tables; they write nothing)")
     return statement.query
@@ -393,6 +440,11 @@ def _create_views(con, committed: Committed) -> None:
             con.execute(f"CREATE VIEW {quote_ident(name)} AS " + " UNION ALL BY NAME ".join(selects))
             con.execute(f"INSERT INTO {VIEWS_TABLE} VALUES (?, ?, ?, ?)", [name, stage, [v for v, _, _ in parts], table])
             used.add(name.lower())
+
+
+def _remove_database(path: Path) -> None:
+    for leftover in (path, Path(f"{path}.wal")):
+        leftover.unlink(missing_ok=True)
 
 
 def _digest(raw: bytes) -> str:

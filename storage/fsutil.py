@@ -55,3 +55,17 @@ def write_text_atomically(path: Path, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def read_only_reason(folder: Path) -> str | None:
+    """Why this process cannot write into `folder` (or, when it is missing, into the nearest folder
+    above it, where it would be made), or None when it can."""
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    # The mount flag first: root bypasses permission bits, so for root only the mount can say no.
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return "a read-only mount"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return "no write permission for this user"
+    return None

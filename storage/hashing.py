@@ -8,6 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 VERSION_LEN = 16
+_BLOCK = 1 << 20  # 1 MiB reads: a file of any size hashes in constant memory
 
 
 def _default(obj: Any) -> Any:
@@ -40,3 +41,12 @@ def version_for(stage: str, code_version: str, params: dict, inputs: dict[str, s
     payload = {"stage": stage, "code_version": str(code_version),
                "params": params or {}, "inputs": {k: str(v) for k, v in (inputs or {}).items()}}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()[:VERSION_LEN]
+
+
+def file_sha256(path: PurePath | str) -> str:
+    """The SHA-256 of a file's bytes, hex, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()

@@ -8,11 +8,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .fsutil import tree_bytes
+from .hashing import file_sha256
 from .parquet import parquet_columns, parquet_rows, table_dir, table_files
 
 MANIFEST = "manifest.json"
 RESERVED_KEYS = {"stage", "version", "code_version", "parameters", "inputs", "tables",
-                 "bytes", "rows", "timings", "created_at"}
+                 "bytes", "rows", "timings", "created_at", "files"}
 
 
 def describe_tables(build_dir: Path, stage: str) -> dict:
@@ -41,6 +42,21 @@ def describe_tables(build_dir: Path, stage: str) -> dict:
     return tables
 
 
+def describe_files(build_dir: Path) -> dict:
+    """{relative path: {bytes, sha256}} for every regular file under `build_dir` but the manifest
+    (it cannot hold its own digest): what `pforge verify` checks the folder against later. Links
+    are left out, as fsync_tree leaves them: their target is not the artifact's to vouch for."""
+    files = {}
+    for path in sorted(build_dir.rglob("*")):
+        relative = path.relative_to(build_dir).as_posix()
+        if relative in (MANIFEST, MANIFEST + ".part") or path.is_symlink() or not path.is_file():
+            continue
+        stat = path.stat()
+        # mtime_ns: a cache hit re-reads a file only when it was written since (storage/verify.py)
+        files[relative] = {"bytes": stat.st_size, "sha256": file_sha256(path), "mtime_ns": stat.st_mtime_ns}
+    return files
+
+
 def build_manifest(build_dir: Path, *, stage: str, version: str, code_version: str,
                    parameters: dict, inputs: dict, build_s: float, extra: dict | None) -> dict:
     tables = describe_tables(build_dir, stage)
@@ -55,6 +71,7 @@ def build_manifest(build_dir: Path, *, stage: str, version: str, code_version: s
         "bytes": tree_bytes(build_dir),
         "timings": {"build_s": round(build_s, 6)},
         "created_at": datetime.now(timezone.utc).isoformat(),
+        "files": describe_files(build_dir),
     }
     for key, value in (extra or {}).items():
         if key == "timings" and isinstance(value, dict):
@@ -92,5 +109,5 @@ def parse_created_at(value: str) -> datetime:
     return dt
 
 
-__all__ = ["MANIFEST", "build_manifest", "describe_tables", "read_manifest", "write_manifest",
+__all__ = ["MANIFEST", "build_manifest", "describe_files", "describe_tables", "read_manifest", "write_manifest",
            "parse_created_at", "table_dir"]

@@ -11,6 +11,7 @@ CATALOG_FILE = "catalog.duckdb"
 CATALOG_LOCK = ".catalog.lock"
 TMP_PREFIX = ".tmp-"      # in-progress builds: .tmp-<version>-<pid>-<random>
 TRASH_PREFIX = ".trash-"  # gc renames here first so a removed version vanishes atomically
+DAMAGED_PREFIX = ".damaged-"  # `pforge verify --repair` moves a damaged version here, kept for inspection
 
 
 def resolve_root(cli_root: str | None = None) -> Path:
@@ -43,6 +44,12 @@ def work_dir(root: Path, stage: str, version: str) -> Path:
     """Scratch space of a resumable build: it survives a killed build (the next attempt at the same
     version continues from it) and is removed once the version is committed."""
     return root / stage / f".work-{version}"
+
+
+def damaged_dir(root: Path, stage: str, version: str, stamp: str) -> Path:
+    """Where a damaged version is moved aside: hidden (no longer a committed version) and never
+    deleted by the store, so what went wrong can be looked at; `stamp` keeps repeats apart."""
+    return root / stage / f"{DAMAGED_PREFIX}{version}-{stamp}"
 
 
 def new_tmp_dir(root: Path, stage: str, version: str) -> Path:

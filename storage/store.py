@@ -12,9 +12,15 @@ An error in 4 (a full disk) withdraws the folder: a stage reported failed is nev
 
 The store keeps an index of the committed manifests, scanned once when it opens: open one store
 per flow run and pass it around, rather than reopening it per stage.
+
+A root this process cannot write (a read-only mount, no write permission) opens read-only
+(`store.read_only`): no cleanup, no lock, nothing written; readers read the catalog on disk when it
+is current, else a private one (storage/catalog.py); writers refuse it (`require_writable`).
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import time
 from pathlib import Path
@@ -24,18 +30,35 @@ import pyarrow as pa
 
 from . import paths
 from .artifact import Artifact
-from .catalog import Catalog, fingerprint, is_disk_full, parse_json_columns, row_from_manifest, write_error
-from .fsutil import fsync_dir, fsync_tree, remove_tree
+from .catalog import Catalog, StoreWriteError, fingerprint, is_disk_full, parse_json_columns, row_from_manifest, write_error
+from .fsutil import fsync_dir, fsync_tree, read_only_reason, remove_tree
 from .hashing import canonical_json, normalize, version_for
 from .locks import file_lock
 from .manifest import MANIFEST, build_manifest, parse_created_at, read_manifest, write_manifest
+from .verify import refuse_damaged
 
 BuildFn = Callable[[Path], "dict | None"]
 Progress = Callable[[str], Any]
+logger = logging.getLogger("passage_forge")
 
 
 class MissingStoreError(FileNotFoundError):
     """A read-only command named a root that does not exist (a typo must not make a new store)."""
+
+
+class ReadOnlyStoreError(StoreWriteError):
+    """A writer (a run, gc, a promotion, an import) was given a root this process cannot write."""
+
+    def __init__(self, root: Path, reason: str):
+        super().__init__(errno.EROFS, f"{root}: the artifact store is read-only ({reason}); writers need a writable root")
+
+
+def require_writable_root(root: Path) -> None:
+    """Refuse a root this process cannot write (or cannot make, when it is missing) with
+    ReadOnlyStoreError, before a writer touches it; opens nothing and creates nothing."""
+    reason = read_only_reason(root)
+    if reason is not None:
+        raise ReadOnlyStoreError(root, reason)
 
 
 class ArtifactStore:
@@ -56,27 +79,39 @@ class ArtifactStore:
         ```
     """
 
-    def __init__(self, root: Path | str, create: bool = True):
+    def __init__(self, root: Path | str, create: bool = True, writable: bool = False):
         """Open the store at `root`.
 
         Args:
             root: the artifact root (`~` is expanded; kept absolute).
             create: make the folder when it is missing. `False` (commands that only read, promote
                 or gc) refuses a missing root instead of making an empty store there.
+            writable: refuse a root this process cannot write before touching anything: what the
+                commands that write open the store with. Without it such a root opens read-only.
 
         Raises:
             MissingStoreError: `create=False` and `root` is not a folder.
+            ReadOnlyStoreError: `writable` and the root is read-only, or it is missing and cannot be made.
         """
         self.root = Path(root).expanduser().resolve()
         if not create and not self.root.is_dir():
-            what = "is not a folder" if self.root.exists() else "does not exist"
-            raise MissingStoreError(f"{self.root}: no artifact store there (the folder {what}); check --root or "
+            what = "it is a file, not a folder" if self.root.exists() else "the folder does not exist"
+            raise MissingStoreError(f"{self.root}: no artifact store there ({what}); check --root or "
                                     f"${paths.ENV_HOME}, or build one with `pforge run`")
+        self.read_only_reason = read_only_reason(self.root)  # None: writable
+        self.read_only = self.read_only_reason is not None
+        if self.read_only and (writable or not self.root.is_dir()):
+            self.require_writable()
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root)
         self._index: dict[tuple[str, str], tuple[dict, Path]] = {}
         self.cleanup()
         self.reconcile()
+
+    def require_writable(self) -> None:
+        """Refuse, in one line naming the root, to write into a read-only one (ReadOnlyStoreError)."""
+        if self.read_only:
+            raise ReadOnlyStoreError(self.root, self.read_only_reason)
 
     # -- disk scanning ---------------------------------------------------------------
     def _stage_dirs(self) -> list[Path]:
@@ -102,7 +137,10 @@ class ArtifactStore:
         return found
 
     def cleanup(self) -> list[Path]:
-        """Delete tmp dirs of dead builds (their version lock is free) and gc leftovers."""
+        """Delete tmp dirs of dead builds (their version lock is free) and gc leftovers. A read-only
+        root keeps them (nothing can be deleted there; readers never see them)."""
+        if self.read_only:
+            return []
         removed = []
         for sdir in self._stage_dirs():
             for child in sdir.iterdir():
@@ -121,7 +159,10 @@ class ArtifactStore:
 
     def reconcile(self, force: bool = False) -> bool:
         """Rescan the committed folders; rebuild the catalog if it was built from something else
-        (a crash between rename and catalog, another process's commit, gc). True if rebuilt."""
+        (a crash between rename and catalog, another process's commit, gc). True if rebuilt. On a
+        read-only root the rebuilt catalog is a private one, outside the root."""
+        if self.read_only:
+            return self._reconcile_read_only()
         with self.catalog.rebuilding():
             self.catalog.remove_leftovers()
             self._index = self._committed_on_disk()
@@ -129,6 +170,14 @@ class ArtifactStore:
                 return False
             self.catalog.rebuild(self._index)
             return True
+
+    def _reconcile_read_only(self) -> bool:
+        self._index = self._committed_on_disk()
+        rebuilt = self.catalog.serve_read_only(self._index)
+        if rebuilt:
+            logger.warning("%s: the artifact store is read-only (%s) and its catalog is stale or missing: reading a "
+                           "private catalog built in %s", self.root, self.read_only_reason, self.catalog.path)
+        return rebuilt
 
     # -- versions ---------------------------------------------------------------------
     def version_for(self, stage: str, code_version: str, params: dict, inputs: Mapping[str, str]) -> str:
@@ -155,6 +204,12 @@ class ArtifactStore:
         if manifest is None or manifest.get("stage") != stage or manifest.get("version") != version:
             return None
         return Artifact(stage=stage, version=version, path=vdir, manifest=manifest, cache_hit=cache_hit)
+
+    def moved_aside(self, stage: str, version: str) -> bool:
+        """Whether `pforge verify --repair` moved this version aside as damaged (its folder kept)."""
+        if not (paths.is_plain_name(stage) and paths.is_plain_name(version)):
+            return False
+        return any(paths.stage_dir(self.root, stage).glob(f"{paths.DAMAGED_PREFIX}{version}-*"))
 
     def get(self, stage: str, version: str) -> Artifact | None:
         """The committed artifact `stage`/`version`, or None when the store does not hold it.
@@ -280,6 +335,8 @@ class ArtifactStore:
 
         Raises:
             StoreWriteError: the disk filled while building or committing (nothing is registered).
+            DamagedArtifactError: the version exists but a file its manifest records is missing or
+                has another size (see `_cache_hit`).
         """
         paths.check_name("stage", stage)
         say = progress or (lambda _msg: None)
@@ -292,6 +349,7 @@ class ArtifactStore:
         if (final / MANIFEST).exists():
             return self._cache_hit(stage, version, say)
 
+        self.require_writable()  # a read-only root serves its cache hits, builds nothing
         with file_lock(paths.lock_file(self.root, stage, version)):
             if (final / MANIFEST).exists():  # another writer finished while we waited
                 return self._cache_hit(stage, version, say)
@@ -352,7 +410,12 @@ class ArtifactStore:
         return paths.work_dir(self.root, stage, version)
 
     def _cache_hit(self, stage: str, version: str, say: Progress) -> Artifact:
+        """The committed version, unless it is damaged: a recorded file missing or of another size
+        raises DamagedArtifactError (one line naming the file, telling to run `pforge verify
+        --repair`) rather than serving it or silently building over it, since the damage may be
+        worth a look. Sizes only, one stat per file: a cache hit stays fast (digests are verify's)."""
         art = self._load(stage, version, cache_hit=True)
+        refuse_damaged(art)
         # Heal a commit whose catalog rebuild was lost (crash after rename) without a reopen.
         if (stage, version) not in self._index:
             self.register(art.manifest, art.path)
@@ -390,6 +453,7 @@ class ArtifactStore:
     def gc(self, keep_latest: int = 1, plan: list[dict] | None = None) -> list[Path]:
         """Delete what `gc_plan(keep_latest)` lists (or `plan`, a list it returned, so a caller that
         showed the plan does not compute it again). Returns the removed folders."""
+        self.require_writable()
         doomed = [(r["stage"], r["version"]) for r in (self.gc_plan(keep_latest) if plan is None else plan)]
         if not doomed:
             return []

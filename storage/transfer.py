@@ -10,7 +10,6 @@ that read it find it as a cache hit.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tarfile
@@ -19,25 +18,17 @@ from pathlib import Path
 
 from .artifact import Artifact
 from .fsutil import write_text_atomically
+from .hashing import file_sha256 as sha256_of  # the archive's digest, as the description records it
 from .hashing import normalize
 from .manifest import MANIFEST, RESERVED_KEYS, read_manifest
 from .store import ArtifactStore
 
 ARCHIVE_SUFFIX = ".tar.gz"
 DESCRIPTION_SUFFIX = ".json"
-_CHUNK = 1 << 20
 
 
 class TransferError(ValueError):
     """An export that cannot be imported (names the file and what is wrong with it)."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def export_name(stage: str, version: str) -> str:
@@ -112,6 +103,7 @@ def import_artifact(store: ArtifactStore, description_path: Path) -> Artifact:
     if actual != description["sha256"]:
         raise TransferError(f"{archive}: SHA-256 {actual[:16]}... differs from {description['sha256'][:16]}... that "
                             f"{description_path.name} records: the archive is damaged or was changed")
+    store.require_writable()
     with tempfile.TemporaryDirectory(dir=store.root, prefix=".import-") as tmp:
         unpacked = Path(tmp) / "artifact"
         with tarfile.open(archive, "r:gz") as tar:

@@ -155,16 +155,19 @@ def not_needed(plan: Plan, store: ArtifactStore, names: list[str]) -> set[str]:
     """The stages of `names` (in run order) that a run can leave out: not built, and every stage
     of `names` that reads them is built or left out too (an imported artifact's producers: a
     machine given the generated queries does not fine-tune the generator that wrote them). A
-    stage nobody in `names` reads (what was asked for) is never left out."""
+    stage nobody in `names` reads (what was asked for) is never left out, nor one whose version
+    `pforge verify --repair` moved aside: the repair promises its rebuild."""
     readers: dict[str, list[str]] = {name: [] for name in names}
     for name in names:
         for dep in plan[name].inputs:
             if dep in readers:
                 readers[dep].append(name)
     built = {name: store.get(plan[name].artifact, plan.planned_version(name)) is not None for name in names}
+    repaired = {name for name in names if not built[name]
+                and store.moved_aside(plan[name].artifact, plan.planned_version(name))}
     skipped: set[str] = set()
     for name in reversed(names):
-        if not built[name] and readers[name] and all(built[r] or r in skipped for r in readers[name]):
+        if not built[name] and name not in repaired and readers[name] and all(built[r] or r in skipped for r in readers[name]):
             skipped.add(name)
     return skipped
 

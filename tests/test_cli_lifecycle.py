@@ -2,73 +2,18 @@
 once, and stopped by Ctrl-C or SIGTERM at any stage. Each run is a real `pforge` process with its
 own ephemeral Prefect server; everything started here is stopped by its process group."""
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT
-from tests.signals import default_signals
+from tests.lifecycle import PFORGE, built_in, in_session, kill_session, pforge_env, prefect_servers, registered, start_run
 
 pytestmark = pytest.mark.usefixtures("shared_data")
-PFORGE = Path(sys.executable).with_name("pforge")
-TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
 EXIT_WITHIN_S = 15
-BUILT = re.compile(r"INFO (\S+): (\S+) ([0-9a-f]{16}) \(built\)")
-
-
-def _env(tmp: Path, **changes) -> dict[str, str]:
-    """What a user's shell would pass: no database chosen, one PREFECT_HOME shared by every run
-    here (as ~/.prefect is), so runs that shared its database would meet again."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")}
-    env.update({"HF_HUB_OFFLINE": "1", "PREFECT_HOME": str(tmp / "prefect-home")}, **changes)
-    return {k: v for k, v in env.items() if v is not None}
-
-
-def _start(root: Path, log: Path, env: dict) -> subprocess.Popen:
-    # A session of its own, as a terminal's job: its processes are found (and stopped) by session.
-    return subprocess.Popen([str(PFORGE), "run", str(TINY), "--root", str(root)], cwd=PROJECT_ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=default_signals)
-
-
-def _session_processes(sid: int) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if os.getsid(process.pid) == sid:
-                found.append(process)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return found
-
-
-def _in_session(sid: int) -> list[str]:
-    return [" ".join(process.info["cmdline"] or [])[:160] for process in _session_processes(sid)]
-
-
-def _kill_session(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(10)
-
-
-def _built(output: str) -> dict[str, str]:
-    """artifact stage -> version of each "(built)" line (the engine logs it once committed)."""
-    return {m.group(2): m.group(3) for m in BUILT.finditer(output)}
-
-
-def _registered(root: Path) -> dict[str, str]:
-    return {row["stage"]: row["version"] for row in ArtifactStore(root).list_artifacts()}
 
 
 # (the stage's "running" line to wait for, seconds after it, the signal, the artifact it builds)
@@ -87,7 +32,7 @@ def interrupted(tmp_path_factory):
     runs = {}
     for name in SCENARIOS:
         log = tmp / f"{name}.log"
-        runs[name] = {"root": tmp / name, "log": log, "process": _start(tmp / name, log, _env(tmp))}
+        runs[name] = {"root": tmp / name, "log": log, "process": start_run(tmp / name, log, pforge_env(tmp))}
     try:
         deadline = time.monotonic() + 240
         while any("rc" not in run for run in runs.values()) and time.monotonic() < deadline:
@@ -108,9 +53,9 @@ def interrupted(tmp_path_factory):
                             run["signalled"] = time.monotonic()
                 elif process.poll() is not None:
                     run.update(rc=process.returncode, seconds=time.monotonic() - run["signalled"],
-                               left=_in_session(process.pid), output=run["log"].read_text(errors="replace"))
+                               left=in_session(process.pid), output=run["log"].read_text(errors="replace"))
                 elif time.monotonic() - run["signalled"] > 60:
-                    run.update(rc=None, seconds=float("inf"), left=_in_session(process.pid),
+                    run.update(rc=None, seconds=float("inf"), left=in_session(process.pid),
                                output=run["log"].read_text(errors="replace"))
             time.sleep(0.02)
         missing = [name for name, run in runs.items() if "rc" not in run]
@@ -118,7 +63,7 @@ def interrupted(tmp_path_factory):
         yield runs
     finally:
         for run in runs.values():
-            _kill_session(run["process"])
+            kill_session(run["process"])
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -139,9 +84,9 @@ def test_a_signal_stops_the_run_at_once_with_one_line_and_its_server_and_leaves_
     # The store holds exactly what the run reported built, never the interrupted stage.
     assert main(["--root", str(run["root"]), "artifacts"]) == 0
     listed = capsys.readouterr().out
-    registered = _registered(run["root"])
-    assert registered == _built(output)
-    assert artifact not in registered and f"\n{artifact} " not in listed
+    stored = registered(run["root"])
+    assert stored == built_in(output)
+    assert artifact not in stored and f"\n{artifact} " not in listed
     assert not list(run["root"].glob("*/.tmp-*"))  # the interrupted build's folder: removed on the next open
 
 
@@ -158,55 +103,56 @@ def test_the_next_runs_complete_two_at_once_on_busy_cores_offline(interrupted, t
     import multiprocessing
 
     roots = [interrupted[name]["root"] for name in ("sigint-in-ingest", "sigterm-0.3s-into-the-bm25-index")]
-    env = _env(interrupted["sigint-in-ingest"]["root"].parent, PREFECT_SERVER_ANALYTICS_ENABLED=None)
+    env = pforge_env(interrupted["sigint-in-ingest"]["root"].parent, PREFECT_SERVER_ANALYTICS_ENABLED=None)
     logs = [tmp_path / f"next-{i}.log" for i in range(2)]
     busy = [multiprocessing.get_context("spawn").Process(target=_busy, daemon=True) for _ in range(os.cpu_count() + 1)]
     processes = []
     try:
         for process in busy:
             process.start()
-        processes = [_start(root, log, env) for root, log in zip(roots, logs)]
+        processes = [start_run(root, log, env) for root, log in zip(roots, logs)]
         codes = [p.wait(420) for p in processes]
     finally:
         for process in busy:
             process.kill()
             process.join(10)
         for p in processes:
-            _kill_session(p)
+            kill_session(p)
     for root, log, code in zip(roots, logs, codes):
         output = log.read_text(errors="replace")
         assert code == 0, output[-3000:]
         assert "Traceback" not in output and "database is locked" not in output, output[-3000:]
         assert "telemetry" not in output.lower(), output[-3000:]
-        assert {"documents", "passages", "bm25_index", "bm25_runs", "evaluation"} <= set(_registered(root))
+        # The libraries' chatter stays out of the terminal (pforge --debug shows it): Lucene's JVM
+        # INFO lines, faiss's SIMD probing, Prefect's docs link; its server is one line that says what it is.
+        for noise in ("INFO: Using MemorySegmentIndexInput", "Could not load library with", "prefect.io/docs",
+                      "Stopping temporary server"):
+            assert noise not in output, (noise, output[-3000:])
+        assert output.count("Prefect: a temporary server for this run at http") == 1, output[-3000:]
+        assert {"documents", "passages", "bm25_index", "bm25_runs", "evaluation"} <= set(registered(root))
         assert not list(root.glob("*/.tmp-*"))
-
-
-def _prefect_servers(sid: int) -> list[psutil.Process]:
-    return [process for process in _session_processes(sid)
-            if "prefect.server.api.server:create_app" in (process.info["cmdline"] or [])]
 
 
 def test_a_run_killed_with_sigkill_leaves_a_server_that_the_next_start_stops(tmp_path):
     """SIGKILL gives `pforge` no chance to stop its ephemeral server, which would go on serving the
     shared database while the next run starts its own on it. The next `pforge` (any command) stops
     it, and only it: a run alive meanwhile keeps its own."""
-    env = _env(tmp_path)
-    killed = _start(tmp_path / "killed", tmp_path / "killed.log", env)
+    env = pforge_env(tmp_path)
+    killed = start_run(tmp_path / "killed", tmp_path / "killed.log", env)
     living = None
     try:
         deadline = time.monotonic() + 240
-        while not _prefect_servers(killed.pid) or "ingest_documents: running" not in \
+        while not prefect_servers(killed.pid) or "ingest_documents: running" not in \
                 (tmp_path / "killed.log").read_text(errors="replace"):
             assert killed.poll() is None and time.monotonic() < deadline, \
                 (tmp_path / "killed.log").read_text(errors="replace")[-3000:]
             time.sleep(0.1)
         os.kill(killed.pid, signal.SIGKILL)   # the process alone, as the OOM killer does
         killed.wait(10)
-        orphans = _prefect_servers(killed.pid)
+        orphans = prefect_servers(killed.pid)
         assert orphans and all(p.is_running() for p in orphans)   # the case exists: the server outlived it
-        living = _start(tmp_path / "living", tmp_path / "living.log", env)
-        while not _prefect_servers(living.pid):
+        living = start_run(tmp_path / "living", tmp_path / "living.log", env)
+        while not prefect_servers(living.pid):
             assert living.poll() is None and time.monotonic() < deadline, \
                 (tmp_path / "living.log").read_text(errors="replace")[-3000:]
             time.sleep(0.1)
@@ -214,9 +160,9 @@ def test_a_run_killed_with_sigkill_leaves_a_server_that_the_next_start_stops(tmp
                                  env=env, capture_output=True, text=True, timeout=120)
         assert listing.returncode == 0, listing.stderr[-3000:]
         gone, alive = psutil.wait_procs(orphans, timeout=10)
-        assert not alive and _in_session(killed.pid) == []
-        assert _prefect_servers(living.pid) and living.poll() is None   # another run's server is not an orphan
+        assert not alive and in_session(killed.pid) == []
+        assert prefect_servers(living.pid) and living.poll() is None   # another run's server is not an orphan
     finally:
-        _kill_session(killed)
+        kill_session(killed)
         if living is not None:
-            _kill_session(living)
+            kill_session(living)

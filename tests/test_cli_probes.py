@@ -47,7 +47,7 @@ def _listing(root) -> list[str]:
     ("SELECT * FROM read_text('{outside}/secret.txt')", "Permission Error"),
     ("SELECT * FROM glob('/*')", "Permission Error"),
     ("ATTACH '{outside}/other.duckdb' AS other", "ATTACH statements are refused"),
-    ("INSTALL httpfs", "LOAD statements are refused"),
+    ("INSTALL httpfs", "INSTALL statements are refused"),
     ("LOAD httpfs", "LOAD statements are refused"),
     ("SET enable_external_access = true", "SET statements are refused"),
     ("PRAGMA threads = 1", "SET statements are refused"),
@@ -119,7 +119,7 @@ def test_pforge_home_typo_is_refused_too(tmp_path, capsys, monkeypatch):
 def test_a_file_is_no_store(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["--root", str(tmp_path / "f"), "artifacts"]) == 2
-    _one_error(capsys, "the folder is not a folder")
+    _one_error(capsys, "no artifact store there (it is a file, not a folder)")
 
 
 # --------------------------------------------------------------------------------- lineage
@@ -221,3 +221,40 @@ def test_artifacts_of_a_stage_the_store_lacks_is_an_error_naming_the_stages(root
     assert main(["--root", str(root), "artifacts", "--stage", "nosuch"]) == 2
     _one_error(capsys, "no artifact of stage 'nosuch'", "stages: documents, passages")
     assert main(["--root", str(root), "artifacts", "--stage", "passages"]) == 0
+
+
+# ------------------------------------------------------------------- refused before any server
+@pytest.mark.parametrize("flags, needle", [
+    (["--stage", "nosuch"], "--stage: unknown stage 'nosuch'"),
+    (["--upto", "nosuch"], "--upto: unknown stage 'nosuch'"),
+    (["--upto", "chunk,nosuch"], "--upto: unknown stage 'nosuch'"),
+])
+def test_an_unknown_stage_is_refused_naming_the_config_before_the_run_starts(tmp_path, capsys, flags, needle):
+    root = tmp_path / "store"
+    assert main(["--root", str(root), "run", "configs/tiny.yaml", *flags]) == 2
+    _one_error(capsys, "configs/tiny.yaml", needle, "stages: ")
+    assert not root.exists()  # the flow (which opens the store and starts Prefect) never ran
+
+
+@pytest.mark.parametrize("dump, needle", [
+    ("broken.xml.bz2", "cannot decompress"),
+    ("notxml.xml", "malformed XML"),
+    ("nothing-*.xml.bz2", "no file matches"),
+    ("missing.xml.bz2", "Wikipedia dump not found"),
+])
+def test_a_bad_refresh_dump_is_refused_before_the_refresh_starts(tmp_path, capsys, dump, needle):
+    import os
+
+    (tmp_path / "broken.xml.bz2").write_bytes(b"BZh91AY&SY" + os.urandom(64))
+    (tmp_path / "notxml.xml").write_text("this is <not xml\n")
+    root = tmp_path / "store"
+    assert main(["--root", str(root), "refresh", "configs/tiny.yaml", "--dump", str(tmp_path / dump)]) == 2
+    _one_error(capsys, needle, dump.split("*")[0])
+    assert not root.exists()
+
+
+def test_a_refresh_of_a_config_without_a_dump_asks_for_one(tmp_path, capsys):
+    root = tmp_path / "store"
+    assert main(["--root", str(root), "refresh", "configs/nfcorpus.yaml"]) == 2
+    _one_error(capsys, "no dump to refresh from", "--dump")
+    assert not root.exists()

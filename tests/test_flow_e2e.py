@@ -124,3 +124,32 @@ def test_explicit_article_lists_choose_the_test_split_and_absent_squad_fails_cle
     absent = cfg.data.squad.model_copy(update={"path": "squad/absent.json", "download": "dev-v1.1"})
     with pytest.raises(InputError, match=r"absent\.json.*dev-v1\.1.*offline"):
         run("ingest_documents", cfg.model_copy(update={"data": cfg.data.model_copy(update={"squad": absent})}), {})
+
+
+def test_verify_names_one_flipped_byte_of_a_tiny_run_and_repair_rebuilds_exactly_that_version(
+        prefect_harness, shared_data, tmp_path, capsys):
+    from flows.cli import main
+
+    root = tmp_path / "store"
+    cfg = load_config(TINY)
+    first = pipeline(config=cfg, root=str(root))
+    store = ArtifactStore(root)
+    created = {(r["stage"], r["version"]): r["created_at"] for r in store.list_artifacts()}
+    passages = store.get("passages", first["chunk"])
+    damaged = sorted((passages.path / "data").rglob("*.parquet"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    assert main(["--root", str(root), "verify"]) == 1
+    out = capsys.readouterr().out
+    assert str(damaged.relative_to(passages.path)) in out and "1 damaged" in out, out
+    assert main(["--root", str(root), "verify", "--repair"]) == 1
+    capsys.readouterr()
+    # Every reader of the passages is built, yet the repaired version is rebuilt, and only it.
+    assert pipeline(config=cfg, root=str(root)) == first
+    after = {(r["stage"], r["version"]): r["created_at"] for r in ArtifactStore(root).list_artifacts()}
+    assert set(after) == set(created)
+    assert [key for key in created if after[key] != created[key]] == [("passages", first["chunk"])]
+    assert main(["--root", str(root), "verify"]) == 0

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -129,3 +130,16 @@ def test_a_log_shipping_error_during_the_stop_does_not_run_into_the_one_line():
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(5)
     assert stderr.splitlines() == ["pforge: interrupted (SIGTERM); nothing partial was registered"]
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.6])
+def test_ctrl_c_while_pforge_starts_is_one_line_not_an_import_traceback(tmp_path, delay_s):
+    # The CLI's imports (torch, pyarrow: over a second even on a fast machine) are under way then.
+    pforge = Path(sys.executable).with_name("pforge")
+    proc = subprocess.Popen([str(pforge), "--root", str(tmp_path / "none"), "plan", "configs/tiny.yaml"],
+                            cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines() == ["pforge: interrupted while starting; nothing was run"], err

@@ -18,6 +18,7 @@ _LOCK = threading.Lock()
 _STARTED = False
 
 DEFAULT_XMX = "4g"
+JAVA_LOGGING = Path(__file__).with_name("java-logging.properties")  # every logger at WARNING
 
 
 def anserini_jar() -> Path:
@@ -88,7 +89,7 @@ def ensure_jvm(xmx: str | None = None) -> None:
         heap = xmx or os.environ.get("PFORGE_JVM_XMX", DEFAULT_XMX)
         # -Xrs: the JVM leaves SIGINT/SIGTERM to Python. Its own handlers would run Java's shutdown
         # while Python's main thread waits in native code: Ctrl-C then hangs the process.
-        jnius_config.add_options(f"-Xmx{heap}", "-Dlog4j2.level=WARN", "-Xrs",
+        jnius_config.add_options(f"-Xmx{heap}", "-Dlog4j2.level=WARN", "-Xrs", *_java_logging_options(),
                                  *os.environ.get("PFORGE_JVM_OPTS", "").split())
         try:
             import jnius  # noqa: F401  (importing starts the JVM)
@@ -97,6 +98,13 @@ def ensure_jvm(xmx: str | None = None) -> None:
         _restore_python_signal_handlers()
         _check_anserini_loadable(jar)
         _STARTED = True
+
+
+def _java_logging_options() -> list[str]:
+    """java.util.logging at WARNING (Lucene's INFO line on every index it opens), unless `--debug`."""
+    if os.environ.get("PFORGE_DEBUG") == "1":
+        return []
+    return [f"-Djava.util.logging.config.file={JAVA_LOGGING}"]
 
 
 def _restore_python_signal_handlers() -> None:

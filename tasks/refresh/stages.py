@@ -235,6 +235,26 @@ def configured_dump(cfg) -> str:
                      "give one (`pforge refresh CONFIG --dump PATH|GLOB|URL`, or refresh.dump)")
 
 
+def check_dump_readable(path: Path) -> None:
+    """Reads `path` up to its first article (InputError naming the file and the place when it is
+    not a readable dump): a broken dump is refused before any stage runs."""
+    from tasks.readers.wikipedia import iter_wikipedia_documents
+
+    next(iter(iter_wikipedia_documents(path)), None)
+
+
+def locate_configured_dump(cfg, dump: str | None = None, *, today: date | None = None) -> LocatedDump:
+    """The dump a refresh of `cfg` reads (`dump`, else the configured one), found and checked
+    readable: a URL is fetched first."""
+    from tasks.readers.stages import downloads_dir
+
+    settings = cfg.refresh
+    located = locate_dump(dump or configured_dump(cfg), cfg.data.resolve("."), downloads_dir(), today=today,
+                          lookback_days=settings.lookback_days, timeout_s=settings.timeout_s)
+    check_dump_readable(located.path)
+    return located
+
+
 def dump_hashes(documents: Artifact) -> set[str]:
     """The content hashes of the dumps a documents artifact was read from."""
     params = documents.manifest.get("parameters", {})
@@ -247,14 +267,11 @@ def refresh_corpus(cfg, plan: Plan, store: ArtifactStore, dump: str | None = Non
     """Refresh the corpus `cfg` built (its `plan`) from a newer dump (`dump`, else the configured
     one). `before_commit` runs on the finished report folder before it is committed; `on_built`
     sees each artifact the refresh writes (the Prefect layer publishes its summary)."""
-    from tasks.readers.stages import downloads_dir
-
     settings = cfg.refresh
+    located = locate_configured_dump(cfg, dump, today=today)  # the dump first: it is what the user gave
     chain = RefreshChain(store)
     corpus = corpus_of(store, plan, chain)
     dense = promoted_index(store, chain, corpus.passages) if settings.dense else None
-    located = locate_dump(dump or configured_dump(cfg), cfg.data.resolve("."), downloads_dir(), today=today,
-                          lookback_days=settings.lookback_days, timeout_s=settings.timeout_s)
     sha = file_sha256(located.path)
     logger.info("refresh: dump %s (sha256 %s) against documents %s, passages %s", located.path, sha[:16],
                 corpus.documents.version, corpus.passages.version)

@@ -1,0 +1,68 @@
+"""The layering, enforced: the import-linter contracts in pyproject.toml (storage < models < tasks <
+flows) pass, and no stage family imports another family's `stages.py` beyond the known exceptions
+listed here (each to be removed, never added to: a family shares code through a library module)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+from tasks.config import PROJECT_ROOT
+
+# (importer, imported): a family's stages read another's stages. tasks.config gathers every
+# family's config section from its stages.py.
+KNOWN_CROSSINGS = {
+    ("tasks.chunking.stages", "tasks.readers.stages"),
+    *(("tasks.config", f"tasks.{family}.stages") for family in (
+        "bm25", "chunking", "dense", "evaluation", "fusion", "negatives", "pretrain", "qgen", "readers", "rerank",
+        "silver", "training")),
+    ("tasks.fusion.stages", "tasks.dense.stages"),
+    ("tasks.negatives.stages", "tasks.dense.stages"),
+    ("tasks.negatives.stages", "tasks.silver.stages"),
+    ("tasks.refresh.stages", "tasks.dense.stages"),
+    ("tasks.refresh.stages", "tasks.readers.stages"),
+    ("tasks.rerank.stages", "tasks.fusion.stages"),
+    ("tasks.rerank.stages", "tasks.silver.stages"),
+    ("tasks.silver.stages", "tasks.dense.stages"),
+    ("tasks.training.stages", "tasks.dense.stages"),
+}
+
+
+def _family(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tasks" and len(parts) > 2 else None
+
+
+def crossings(graph) -> set[tuple[str, str]]:
+    """Every direct import of a family's `stages` module from outside that family, within tasks/."""
+    found = set()
+    for importer in graph.modules:
+        if not importer.startswith("tasks."):
+            continue
+        for imported in graph.find_modules_directly_imported_by(importer):
+            if imported.endswith(".stages") and _family(imported) and _family(importer) != _family(imported):
+                found.add((importer, imported))
+    return found
+
+
+def test_the_import_linter_contracts_pass():
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint)], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_no_family_reaches_into_another_familys_stages_beyond_the_known_exceptions():
+    found = crossings(grimp.build_graph("tasks"))
+    assert not found - KNOWN_CROSSINGS, sorted(found - KNOWN_CROSSINGS)   # a new crossing
+    assert not KNOWN_CROSSINGS - found, sorted(KNOWN_CROSSINGS - found)   # removed: drop it from the list
+
+
+def test_the_check_sees_a_crossing():
+    graph = grimp.ImportGraph()
+    for module in ("tasks", "tasks.a", "tasks.a.helpers", "tasks.b", "tasks.b.stages", "tasks.b.models"):
+        graph.add_module(module)
+    graph.add_import(importer="tasks.a.helpers", imported="tasks.b.stages")
+    graph.add_import(importer="tasks.a.helpers", imported="tasks.b.models")  # a library module: allowed
+    graph.add_import(importer="tasks.b.models", imported="tasks.b.stages")   # its own family: allowed
+    assert crossings(graph) == {("tasks.a.helpers", "tasks.b.stages")}

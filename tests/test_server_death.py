@@ -1,0 +1,170 @@
+"""The Prefect server dying mid-run (the OOM killer, a crash, its owner stopping it): the run stops
+within seconds with one `pforge: error:` line and a non-zero exit, registers nothing partial,
+leaves nothing running, and the rerun completes, reusing every stage the first run committed
+(flows/server_watchdog.py). Before the watchdog the run did not stop: each Prefect API call retried
+for minutes, its workers printed every failure, and the run was still at the next stage minutes
+later. The ephemeral server's case is run to the rerun; a configured server's (PREFECT_API_URL)
+to the stop, its rerun being the same as the first case's (its start costs another 20-40 s)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from flows.server_watchdog import LOST_AFTER_S
+from tasks.config import PROJECT_ROOT
+from tests.crash_consistency import partial_listings, rerun, resume_problems, unfinished_folders_on_disk
+from tests.lifecycle import (PFORGE, built_in, in_session, kill_session, pforge_env, prefect_servers, registered,
+                             start_run)
+from tests.signals import default_signals
+
+pytestmark = pytest.mark.usefixtures("shared_data")
+STAGE = ("bm25_index", "bm25_index")   # the stage the server dies in, and its artifact: the longest of tiny's
+STOPS_WITHIN_S = 20   # the watchdog looks twice a second; the rest is the exit's own cleanup
+
+
+def _wait_for_stage(process, log, stage: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while f"{stage}: running" not in log.read_text(errors="replace"):
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.05)
+
+
+def _exit_within(process, seconds: float) -> tuple[int | None, list[str]]:
+    """The run's exit code (None: still running after `seconds`) and what of its session is left."""
+    deadline = time.monotonic() + seconds
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process.poll(), in_session(process.pid)
+
+
+def _check_stopped_with_one_line_and_nothing_partial(code, left, output: str, root, seconds: float) -> None:
+    assert code is not None, f"still running {seconds:.0f}s after its server died:\n{output[-3000:]}"
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if line.startswith("pforge:")]
+    assert len(lines) == 1 and lines[0].startswith("pforge: error: ") and "Prefect server" in lines[0], output[-3000:]
+    assert output.rstrip().splitlines()[-1] == lines[0]
+    assert left == []
+    # What is listed is whole, and is what the run reported built (the stage the server died in
+    # only if its commit came first).
+    assert unfinished_folders_on_disk(root) == [] and partial_listings(root) == []
+    committed, reported = registered(root), built_in(output)
+    assert reported.items() <= committed.items() and set(committed) - set(reported) <= {STAGE[1]}
+
+
+def test_a_run_whose_temporary_server_dies_mid_stage_stops_with_one_line_and_the_rerun_resumes(tmp_path):
+    env, root, log = pforge_env(tmp_path), tmp_path / "root", tmp_path / "killed.log"
+    process = start_run(root, log, env)
+    try:
+        _wait_for_stage(process, log, STAGE[0])
+        servers = prefect_servers(process.pid)
+        assert servers, in_session(process.pid)
+        for server in servers:
+            server.kill()
+        code, left = _exit_within(process, STOPS_WITHIN_S)
+    finally:
+        kill_session(process)
+    _check_stopped_with_one_line_and_nothing_partial(code, left, log.read_text(errors="replace"), root, STOPS_WITHIN_S)
+    committed = registered(root)
+    code, again = rerun(root, tmp_path / "rerun.log", env)
+    assert code == 0, again[-3000:]
+    assert resume_problems(committed, again) == []
+    assert {"bm25_index", "bm25_runs", "evaluation"} <= set(registered(root))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_server(api_url: str, port: int, log, env: dict) -> subprocess.Popen:
+    """`prefect server start` in a session of its own, once it answers its health check."""
+    command = [str(PFORGE.with_name("prefect")), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True, preexec_fn=default_signals)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{api_url}/health", timeout=5).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+
+
+def test_a_run_whose_configured_server_is_stopped_mid_stage_stops_with_one_line(tmp_path):
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env, root, log = pforge_env(tmp_path, PREFECT_API_URL=api_url), tmp_path / "root", tmp_path / "run.log"
+    server = _start_server(api_url, port, tmp_path / "server.log", pforge_env(tmp_path))
+    process = None
+    try:
+        process = start_run(root, log, env)
+        _wait_for_stage(process, log, STAGE[0])
+        os.killpg(server.pid, signal.SIGTERM)   # as its owner stops it
+        server.wait(30)
+        code, left = _exit_within(process, LOST_AFTER_S + STOPS_WITHIN_S)
+    finally:
+        kill_session(server)
+        if process is not None:
+            kill_session(process)
+    output = log.read_text(errors="replace")
+    _check_stopped_with_one_line_and_nothing_partial(code, left, output, root, LOST_AFTER_S + STOPS_WITHIN_S)
+    assert api_url in output.rstrip().splitlines()[-1]
+
+
+def test_the_ephemeral_server_counts_as_dead_on_two_looks_without_it_a_zombie_included():
+    from flows.server_watchdog import SERVER_APP, ephemeral_server_lost
+
+    check = ephemeral_server_lost()
+    assert check() is None   # no server yet: one not started is no death
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", SERVER_APP])
+    try:
+        assert check() is None
+        server.kill()
+        time.sleep(0.5)   # now a zombie: this process has not waited for it
+        assert check() is None   # one look: Prefect may be starting its replacement
+        assert "temporary Prefect server stopped" in check()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_configured_server_counts_as_gone_only_when_unreachable_for_lost_after_s():
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from flows.server_watchdog import configured_server_lost
+
+    now = [0.0]
+    gone = configured_server_lost(f"http://127.0.0.1:{_free_port()}/api", lost_after_s=10, clock=lambda: now[0])
+    assert gone() is None
+    now[0] = 9.9
+    assert gone() is None
+    now[0] = 10.0
+    assert "could not be reached for 10 s" in gone()
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    silent = socket.create_server(("127.0.0.1", 0))   # accepts connections (the kernel does), never answers
+    try:
+        for port in (server.server_port, silent.getsockname()[1]):
+            there = configured_server_lost(f"http://127.0.0.1:{port}/api", lost_after_s=0.5, clock=lambda: now[0])
+            now[0] += 100
+            assert there() is None, port   # a 404, or no answer in time: a server is there, busy
+    finally:
+        server.shutdown()
+        silent.close()

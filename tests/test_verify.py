@@ -1,0 +1,227 @@
+"""File digests in the manifest, `pforge verify` and `--repair`, and the cache hit that refuses a
+damaged version. A tiny store built straight through `ArtifactStore.materialize` (no flows)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from flows.cli import main
+from storage import ArtifactStore, ParquetTableWriter, write_table
+from storage.manifest import MANIFEST, read_manifest, write_manifest
+from storage.paths import DAMAGED_PREFIX
+from storage.verify import DamagedArtifactError, verify_artifact
+
+SCHEMA = pa.schema([("pid", pa.int64()), ("text", pa.string())])
+
+
+def passages_build(n: int, calls: list):
+    def build(out: Path):
+        calls.append(n)
+        with ParquetTableWriter(out, SCHEMA, rows_per_file=3) as writer:  # several parts
+            writer.write_batch([{"pid": i, "text": f"passage {i}"} for i in range(n)])
+        return {"stats": {"n": n}}
+    return build
+
+
+def index_build(calls: list):
+    def build(out: Path):
+        calls.append("index")
+        (out / "index").mkdir()
+        (out / "index" / "vectors.bin").write_bytes(bytes(range(256)) * 4)  # binary
+        (out / "index" / "config.json").write_text('{"dim": 4}\n', encoding="utf-8")
+        write_table(out, pa.table({"metric": ["size"], "value": [1024.0]}), name="metrics")
+        return None
+    return build
+
+
+def build_tiny_store(root: Path, calls: list | None = None) -> dict:
+    """Two passages versions (one read by an index with a binary and a text file)."""
+    calls = [] if calls is None else calls
+    store = ArtifactStore(root)
+    small = store.materialize("passages", "1", {"n": 4}, {}, passages_build(4, calls))
+    large = store.materialize("passages", "1", {"n": 7}, {}, passages_build(7, calls))
+    index = store.materialize("index", "1", {}, {"passages": small}, index_build(calls))
+    return {"small": small, "large": large, "index": index}
+
+
+@pytest.fixture
+def tiny(tmp_path) -> tuple[Path, dict]:
+    root = tmp_path / "root"
+    return root, build_tiny_store(root)
+
+
+def verify(root: Path, capsys, *args: str) -> tuple[int, list[str]]:
+    code = main(["--root", str(root), "verify", *args])
+    return code, capsys.readouterr().out.strip().splitlines()
+
+
+def data_files(artifact) -> list[Path]:
+    return sorted(p for p in artifact.path.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_every_file_but_the_manifest_is_recorded_with_its_size_and_sha256(tiny):
+    _, arts = tiny
+    for artifact in arts.values():
+        files = artifact.manifest["files"]
+        assert sorted(files) == sorted(p.relative_to(artifact.path).as_posix() for p in data_files(artifact))
+        for relative, record in files.items():
+            raw = (artifact.path / relative).read_bytes()
+            assert record == {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+                              "mtime_ns": (artifact.path / relative).stat().st_mtime_ns}
+        assert read_manifest(artifact.path)["files"] == files  # written to disk, not only returned
+    assert {"index/vectors.bin", "index/config.json", "data/metrics/part-00000.parquet"} <= set(arts["index"].manifest["files"])
+    assert len([f for f in arts["large"].manifest["files"] if f.endswith(".parquet")]) == 3  # 7 rows, 3 per part
+
+
+def test_the_record_does_not_change_a_version(tiny):
+    root, arts = tiny
+    store = ArtifactStore(root)
+    assert arts["small"].version == store.version_for("passages", "1", {"n": 4}, {})
+    assert arts["index"].version == store.version_for("index", "1", {}, {"passages": arts["small"].version})
+
+
+def test_a_clean_store_verifies_and_exits_0(tiny, capsys):
+    root, _ = tiny
+    code, out = verify(root, capsys)
+    files = sum(len(a.manifest["files"]) for a in tiny[1].values())
+    assert code == 0 and out == [f"verified 3 artifacts, {files} files: 0 damaged"]
+
+
+def test_one_flipped_byte_in_any_file_is_named_and_exits_1(tiny, capsys):
+    root, arts = tiny
+    checked = 0
+    for artifact in arts.values():
+        for path in data_files(artifact):
+            for offset in (0, path.stat().st_size // 2):  # a parquet's magic bytes and its middle
+                flip_byte(path, offset)
+                code, out = verify(root, capsys)
+                relative = path.relative_to(artifact.path).as_posix()
+                assert code == 1, (relative, out)
+                assert out[:-1] == [f"{artifact.stage} {artifact.version} {relative}: SHA-256 differs from the recorded one"]
+                assert out[-1].endswith(": 1 damaged")
+                flip_byte(path, offset)  # put it back: the next file is checked alone
+                checked += 1
+    assert checked == 2 * sum(len(a.manifest["files"]) for a in arts.values()) >= 14
+    assert verify(root, capsys)[0] == 0
+
+
+def test_one_artifact_alone_by_stage_and_version(tiny, capsys):
+    root, arts = tiny
+    flip_byte(data_files(arts["large"])[0], 4)
+    code, out = verify(root, capsys, f"passages:{arts['small'].version}")
+    assert code == 0 and out[-1].startswith("verified 1 artifacts")
+    code, out = verify(root, capsys, f"passages:{arts['large'].version[:6]}")
+    assert code == 1 and out[0].startswith(f"passages {arts['large'].version} data/part-00000.parquet")
+
+
+def test_a_config_verifies_the_versions_it_plans_that_are_built(tiny, capsys, monkeypatch):
+    root, arts = tiny
+
+    class Planned:
+        def __init__(self, name, artifact):
+            self.name, self.artifact = name, artifact
+
+    class Plan(list):
+        versions = {"chunk": arts["small"].version, "index": "0123456789abcdef"}  # the second is not built
+
+        def planned_version(self, name):
+            return self.versions[name]
+
+    monkeypatch.setattr("flows.registry.plan_for", lambda cfg: Plan([Planned("chunk", "passages"),
+                                                                      Planned("index", "index")]))
+    config = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    flip_byte(data_files(arts["large"])[0], 4)  # not planned: not checked
+    code, out = verify(root, capsys, "--config", str(config))
+    assert code == 0 and out == [f"verified 1 artifacts, {len(arts['small'].manifest['files'])} files: 0 damaged"]
+
+
+def test_missing_and_resized_files_are_damage(tiny):
+    _, arts = tiny
+    parts = data_files(arts["large"])
+    parts[0].unlink()
+    with open(parts[1], "ab") as f:
+        f.write(b"x")
+    what = {d.path: d.what for d in verify_artifact(arts["large"])}
+    size = parts[1].stat().st_size
+    assert what == {"data/part-00000.parquet": "missing",
+                    "data/part-00001.parquet": f"{size:,} bytes, {size - 1:,} recorded"}
+
+
+def test_repair_moves_the_damaged_version_aside_and_the_next_build_makes_exactly_it(tmp_path, capsys):
+    root, calls = tmp_path / "root", []
+    arts = build_tiny_store(root, calls)
+    small = arts["small"]
+    flip_byte(data_files(small)[1], 10)
+    code, out = verify(root, capsys, "--repair")
+    assert code == 1
+    assert out[0] == f"passages {small.version} data/part-00001.parquet: SHA-256 differs from the recorded one"
+    assert out[-1].startswith(f"moved passages {small.version} aside to ") and "rebuilds it" in out[-1]
+
+    aside = [p for p in (root / "passages").iterdir() if p.name.startswith(DAMAGED_PREFIX)]
+    assert len(aside) == 1 and aside[0].name.startswith(f"{DAMAGED_PREFIX}{small.version}-")
+    assert (aside[0] / MANIFEST).exists() and not small.path.exists()  # kept for a look
+
+    store = ArtifactStore(root)
+    assert aside[0].exists()  # opening the store does not delete it
+    listed = {(r["stage"], r["version"]) for r in store.sql("SELECT stage, version FROM artifacts").to_pylist()}
+    assert listed == {("passages", arts["large"].version), ("index", arts["index"].version)}
+    assert store.get("passages", small.version) is None
+
+    calls.clear()
+    rebuilt = store.materialize("passages", "1", {"n": 4}, {}, passages_build(4, calls))
+    again = [store.materialize("passages", "1", {"n": 7}, {}, passages_build(7, calls)),
+             store.materialize("index", "1", {}, {"passages": rebuilt}, index_build(calls))]
+    assert calls == [4] and not rebuilt.cache_hit and rebuilt.version == small.version
+    assert all(a.cache_hit for a in again)
+    assert verify(root, capsys)[0] == 0
+
+
+def test_a_truncated_file_refuses_the_cache_hit_in_one_line(tiny):
+    root, arts = tiny
+    part = data_files(arts["large"])[2]
+    os.truncate(part, 10)
+    calls: list = []
+    for store in (ArtifactStore(root), ArtifactStore(root)):  # a fresh open, and one that has seen it
+        with pytest.raises(DamagedArtifactError) as caught:
+            store.materialize("passages", "1", {"n": 7}, {}, passages_build(7, calls))
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"{part}: 10 bytes, ")
+        assert "pforge verify --repair" in message
+    assert calls == [] and part.stat().st_size == 10  # not rebuilt over
+    assert ArtifactStore(root).materialize("passages", "1", {"n": 4}, {}, passages_build(4, calls)).cache_hit
+
+
+def test_a_rewritten_file_of_the_same_size_refuses_the_cache_hit_and_a_touched_one_does_not(tiny):
+    root, arts = tiny
+    flipped, touched = data_files(arts["large"])[1], data_files(arts["small"])[0]
+    flip_byte(flipped, 5)   # same size, written since the commit
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))  # same bytes
+    calls: list = []
+    with pytest.raises(DamagedArtifactError, match="SHA-256 differs from the recorded one"):
+        ArtifactStore(root).materialize("passages", "1", {"n": 7}, {}, passages_build(7, calls))
+    assert ArtifactStore(root).materialize("passages", "1", {"n": 4}, {}, passages_build(4, calls)).cache_hit
+    assert calls == []
+
+
+def test_a_manifest_without_digests_is_reported_unchecked_not_damaged(tiny, capsys):
+    root, arts = tiny
+    old = arts["index"]
+    manifest = read_manifest(old.path)
+    del manifest["files"]  # as written before digests were recorded
+    write_manifest(old.path, manifest)
+    flip_byte(old.path / "index" / "vectors.bin", 0)  # not noticed: nothing to compare with
+    code, out = verify(root, capsys)
+    assert code == 0
+    assert f"index {old.version}: no digests recorded (committed before they were): not checked" in out
+    assert out[-1].startswith("verified 2 artifacts, ") and out[-1].endswith(": 0 damaged; 1 without digests, not checked")
+    assert ArtifactStore(root).materialize("index", "1", {}, {"passages": arts["small"]}, index_build([])).cache_hit
