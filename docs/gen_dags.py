@@ -1,6 +1,7 @@
 """Keep the docs' stage DAGs in step with `pforge plan`: a page per shipped config
 (docs/configs/NAME.md, with its DAG and its YAML), their index (docs/configs/index.md), and every
-DAG fence marked `<!-- dag: configs/NAME.yaml -->` in README.md and docs/ (e.g. the demo's).
+DAG fence marked `<!-- dag: configs/NAME.yaml -->` in README.md and docs/ (e.g. the demo's), and the
+site's Changelog page (docs/changelog.md, a copy of CHANGELOG.md).
 
     .venv/bin/python docs/gen_dags.py           # rewrite what changed (`make docs-dags`)
     .venv/bin/python docs/gen_dags.py --check   # exit 1 if a page is stale, rewriting nothing
@@ -18,6 +19,8 @@ sys.path.insert(0, str(PROJECT_ROOT))  # run as a script from anywhere: the proj
 
 CONFIGS = PROJECT_ROOT / "configs"
 PAGES = PROJECT_ROOT / "docs" / "configs"
+CHANGELOG = PROJECT_ROOT / "CHANGELOG.md"
+CHANGELOG_PAGE = PROJECT_ROOT / "docs" / "changelog.md"
 # A DAG fence: the marker naming its config (relative to the project root), then a mermaid fence.
 MARKED_DAG = re.compile(r"<!-- dag: (?P<config>\S+) -->\n```mermaid\n(?P<dag>.*?)```", re.DOTALL)
 
@@ -139,6 +142,13 @@ Every shipped config (`configs/*.yaml`), with its stage DAG as `pforge plan` dra
 """
 
 
+def changelog_page() -> str:
+    """The site's Changelog page: CHANGELOG.md as it stands (the changelog lives at the top level,
+    as keep-a-changelog has it; the site's pages live under docs/)."""
+    return ("<!-- Written by docs/gen_dags.py (`make docs-dags`) from CHANGELOG.md: edit that file. -->\n"
+            + CHANGELOG.read_text(encoding="utf-8"))
+
+
 def expected_pages() -> dict[Path, str]:
     """Every generated page and the text it should hold now."""
     configs = shipped_configs()
@@ -147,6 +157,7 @@ def expected_pages() -> dict[Path, str]:
     for page in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]:
         if page.parent != PAGES and page.exists():
             pages[page] = with_dags(page.read_text(encoding="utf-8"))
+    pages[CHANGELOG_PAGE] = changelog_page()
     return pages
 
 
