@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from stat import S_ISREG
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -76,14 +77,21 @@ def recorded_files(artifact: Artifact) -> dict | None:
     return artifact.manifest.get("files")
 
 
-def _size_damage(artifact: Artifact, relative: str, record: dict) -> Damage | None:
-    path = artifact.path / relative
-    if not path.is_file():
+def _size_damage(artifact: Artifact, relative: str, record: dict, stat: os.stat_result | None) -> Damage | None:
+    if stat is None:
         return Damage(artifact.stage, artifact.version, relative, "missing")
-    size = path.stat().st_size
-    if size != record["bytes"]:
-        return Damage(artifact.stage, artifact.version, relative, f"{size:,} bytes, {record['bytes']:,} recorded")
+    if stat.st_size != record["bytes"]:
+        return Damage(artifact.stage, artifact.version, relative, f"{stat.st_size:,} bytes, {record['bytes']:,} recorded")
     return None
+
+
+def _stat_of_file(path: Path) -> os.stat_result | None:
+    """The file's stat, or None when it is missing or not a regular file (one system call)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat if S_ISREG(stat.st_mode) else None
 
 
 def _digest_damage(artifact: Artifact, relative: str, record: dict) -> Damage | None:
@@ -92,17 +100,15 @@ def _digest_damage(artifact: Artifact, relative: str, record: dict) -> Damage | 
     return None
 
 
-def _written_since_commit(artifact: Artifact, relative: str, record: dict) -> bool:
-    return record.get("mtime_ns") is not None and (artifact.path / relative).stat().st_mtime_ns != record["mtime_ns"]
-
-
 def check_files_quickly(artifact: Artifact) -> list[Damage]:
     """The recorded files that are missing, have another size, or were written since the commit
     and have another digest: a stat per file, a read only of a file modified since."""
     damaged = []
     for relative, record in (recorded_files(artifact) or {}).items():
-        damage = _size_damage(artifact, relative, record)
-        if damage is None and _written_since_commit(artifact, relative, record):
+        stat = _stat_of_file(artifact.path / relative)
+        damage = _size_damage(artifact, relative, record, stat)
+        written_since = record.get("mtime_ns") is not None and stat is not None and stat.st_mtime_ns != record["mtime_ns"]
+        if damage is None and written_since:
             damage = _digest_damage(artifact, relative, record)
         if damage is not None:
             damaged.append(damage)
@@ -113,7 +119,8 @@ def verify_artifact(artifact: Artifact) -> list[Damage]:
     """Every recorded file that is missing, has another size or another SHA-256 (each read whole)."""
     damaged = []
     for relative, record in (recorded_files(artifact) or {}).items():
-        damage = _size_damage(artifact, relative, record) or _digest_damage(artifact, relative, record)
+        stat = _stat_of_file(artifact.path / relative)
+        damage = _size_damage(artifact, relative, record, stat) or _digest_damage(artifact, relative, record)
         if damage is not None:
             damaged.append(damage)
     return damaged
