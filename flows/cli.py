@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it tried, on every import
         quiet_prefect_tracebacks()
+        if argv is None:
+            # A failed log write is dropped without a word (the stdlib's production setting): Prefect's
+            # API log worker reports each one on the terminal, with no newline at its end, while its
+            # server is unreachable, and the watchdog's one line says what happened instead.
+            logging.raiseExceptions = False
     try:
         return COMMANDS[args.command](args)
     except (InputError, ConfigError, ValueError, RuntimeError, OSError) as exc:
@@ -180,12 +185,12 @@ def quiet_prefect_tracebacks() -> None:
 
 def _run(args) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "passage_forge")
+    if args.nproc > 1 and args.smoke:  # the arguments alone: before the config is read
+        raise ValueError("--smoke runs in one process: leave out --nproc")
     cfg = load_config(args.config, smoke=args.smoke)
     _check_stage_names(cfg, args)  # before the Prefect server starts: a typo costs no half a minute
     _refuse_read_only(args)  # before the Prefect server starts, too
     if args.nproc > 1:
-        if args.smoke:
-            raise ValueError("--smoke runs in one process: leave out --nproc")
         return _run_data_parallel(args)
     from flows.pipeline import pipeline
     from flows.server_watchdog import stopping_if_the_server_dies

@@ -37,11 +37,14 @@ EXIT_CODE = 2         # as the CLI's other `pforge: error:` lines
 STOPPED = "nothing partial was registered; rerun to resume from the last complete stage"
 
 
-def _ephemeral_servers() -> list[psutil.Process]:
+def _own_children() -> list[psutil.Process]:
     try:
-        children = psutil.Process().children()
+        return psutil.Process().children()
     except psutil.Error:
         return []
+
+
+def _ephemeral_servers(children: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
     for child in children:
         try:
@@ -52,12 +55,13 @@ def _ephemeral_servers() -> list[psutil.Process]:
     return alive
 
 
-def ephemeral_server_lost() -> Callable[[], str | None]:
-    """A check that returns why the run's ephemeral server is gone, else None."""
+def ephemeral_server_lost(children: Callable[[], list[psutil.Process]] = _own_children) -> Callable[[], str | None]:
+    """A check that returns why the run's ephemeral server is gone, else None; `children` lists the
+    processes to look among (this process's own)."""
     state = {"seen": False, "missed": 0}
 
     def check() -> str | None:
-        if _ephemeral_servers():
+        if _ephemeral_servers(children()):
             state.update(seen=True, missed=0)
         elif state["seen"]:
             state["missed"] += 1

@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+import psutil
 import pytest
 
 from flows.server_watchdog import LOST_AFTER_S
@@ -123,9 +124,16 @@ def test_a_run_whose_configured_server_is_stopped_mid_stage_stops_with_one_line(
 def test_the_ephemeral_server_counts_as_dead_on_two_looks_without_it_a_zombie_included():
     from flows.server_watchdog import SERVER_APP, ephemeral_server_lost
 
-    check = ephemeral_server_lost()
+    started: list[int] = []
+
+    def children_started_here() -> list[psutil.Process]:
+        # this test's child only: a Prefect server an earlier test's harness left running is another's
+        return [child for child in psutil.Process().children() if child.pid in started]
+
+    check = ephemeral_server_lost(children_started_here)
     assert check() is None   # no server yet: one not started is no death
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", SERVER_APP])
+    started.append(server.pid)
     try:
         assert check() is None
         server.kill()
