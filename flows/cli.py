@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--smoke", action="store_true", help="the plan of `pforge run --smoke`")
     plan.add_argument("--mermaid", type=Path, metavar="FILE", help="write the stage DAG as a Mermaid flowchart ('-': stdout)")
     plan.add_argument("--dot", type=Path, metavar="FILE", help="write the stage DAG as Graphviz dot ('-': stdout)")
+    plan.add_argument("--reduced", action="store_true", help="draw only the edges no longer path implies "
+                                                               "(a large plan's picture, as the docs draw it)")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
@@ -252,7 +254,7 @@ def _plan(args) -> int:
     plan = plan_for(cfg)
     targets = {fmt: getattr(args, fmt) for fmt in DAG_FORMATS if getattr(args, fmt) is not None}
     for fmt, target in targets.items():
-        text = DAG_FORMATS[fmt](plan)
+        text = DAG_FORMATS[fmt](plan, reduced=args.reduced)
         if str(target) == "-":
             sys.stdout.write(text)
         else:

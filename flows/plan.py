@@ -79,16 +79,31 @@ def _label(text: str) -> str:
     return text.replace('"', "#quot;")
 
 
-def mermaid(plan: Plan) -> str:
+def drawn_inputs(plan: Plan) -> dict[str, list[str]]:
+    """Each stage's inputs less those another of its inputs already depends on (the DAG's
+    transitive reduction): `chunk -> evaluate` goes when `chunk -> ... -> search -> evaluate` says
+    it, so a large plan's picture keeps the edges a reader follows."""
+    ancestors: dict[str, set[str]] = {}
+    drawn = {}
+    for stage in plan:   # run order: every input's ancestors are known before the stage
+        through_others = set().union(*(ancestors[dep] for dep in stage.inputs)) if stage.inputs else set()
+        drawn[stage.name] = [dep for dep in stage.inputs if dep not in through_others]
+        ancestors[stage.name] = set(stage.inputs) | through_others
+    return drawn
+
+
+def mermaid(plan: Plan, reduced: bool = False) -> str:
     """The stage DAG as a Mermaid flowchart (without the ``` fence), one line per stage in run order:
     its inputs `-->` it (`a & b --> c`); an input pinned to another run's artifact is a rounded
-    node of its own, with a dotted arrow."""
+    node of its own, with a dotted arrow. `reduced`: only the edges no longer path implies
+    (`drawn_inputs`), as the docs draw it."""
     ids, pins = _node_ids(plan), _pins(plan)
+    inputs = drawn_inputs(plan) if reduced else {stage.name: list(stage.inputs) for stage in plan}
     lines = ["flowchart TD"]
     for stage in plan:
         node = f'{ids[stage.name]}["{_label(stage.name)}"]'  # declared where it first appears
-        if stage.inputs:
-            lines.append(f"    {' & '.join(ids[dep] for dep in stage.inputs)} --> {node}")
+        if inputs[stage.name]:
+            lines.append(f"    {' & '.join(ids[dep] for dep in inputs[stage.name])} --> {node}")
             node = ids[stage.name]
         for key in sorted(stage.pinned):
             lines.append(f'    {pins[(stage.name, key)]}("{_label(stage.pinned[key].artifact)} (another run)") -.-> {node}')
@@ -98,15 +113,16 @@ def mermaid(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dot(plan: Plan) -> str:
+def dot(plan: Plan, reduced: bool = False) -> str:
     """The stage DAG as Graphviz dot (`dot -Tsvg`): the same nodes and edges as `mermaid`."""
     ids, pins = _node_ids(plan), _pins(plan)
+    inputs = drawn_inputs(plan) if reduced else {stage.name: list(stage.inputs) for stage in plan}
     lines = ["digraph plan {", "    rankdir=TB;", "    node [shape=box];"]
     lines += [f'    {ids[stage.name]} [label="{_dot_label(stage.name)}"];' for stage in plan]
     for (name, key), pid in pins.items():
         lines.append(f'    {pid} [label="{_dot_label(plan[name].pinned[key].artifact)} (another run)", style=rounded];')
     for stage in plan:
-        lines += [f"    {ids[dep]} -> {ids[stage.name]};" for dep in stage.inputs]
+        lines += [f"    {ids[dep]} -> {ids[stage.name]};" for dep in inputs[stage.name]]
         lines += [f"    {pins[(stage.name, key)]} -> {ids[stage.name]} [style=dashed];" for key in sorted(stage.pinned)]
     return "\n".join(lines + ["}"]) + "\n"
 

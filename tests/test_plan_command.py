@@ -96,6 +96,32 @@ def test_inputs_pinned_to_another_runs_artifact_are_drawn_and_noted_when_missing
     assert missing[1].missing_pins == ("dense_model:abc",) and missing[0].missing_pins == ()
 
 
+def test_the_reduced_dag_leaves_out_only_the_edges_a_longer_path_implies(shared_data, tmp_path, capsys):
+    def stage(name, inputs=()):
+        return Stage(name, name.split(":")[0], "1", tuple(inputs), NoParams(), lambda p, i, o: None)
+
+    # chunk -> evaluate and chunk -> search are implied (chunk -> encode -> search -> evaluate); questions -> search is not
+    plan = Plan([stage("chunk"), stage("questions"), stage("encode", ["chunk"]),
+                 stage("search", ["questions", "chunk", "encode"]), stage("evaluate", ["chunk", "search"])])
+    assert mermaid(plan, reduced=True).splitlines() == [
+        "flowchart TD", '    s0["chunk"]', '    s1["questions"]', '    s0 --> s2["encode"]',
+        '    s1 & s2 --> s3["search"]', '    s3 --> s4["evaluate"]']
+    assert "s0 -> s4;" in dot(plan) and "s0 -> s4;" not in dot(plan, reduced=True)
+    # On a shipped config: fewer edges, the same nodes, and every dropped edge still a path of the drawing.
+    from flows.plan import drawn_inputs
+
+    demo = plan_for(load_config(PROJECT_ROOT / "configs" / "demo.yaml"))
+    drawn = drawn_inputs(demo)
+    reach = {}
+    for st in demo:
+        reach[st.name] = set(drawn[st.name]).union(*(reach[d] for d in drawn[st.name]))
+    assert sum(map(len, drawn.values())) < sum(len(st.inputs) for st in demo)
+    assert all(set(st.inputs) <= reach[st.name] for st in demo)
+    capsys.readouterr()
+    assert main(["--root", str(tmp_path), "plan", str(TINY), "--mermaid", "-", "--reduced"]) == 0
+    assert capsys.readouterr().out == mermaid(plan_for(load_config(TINY)), reduced=True)
+
+
 def test_a_bad_config_is_one_error_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nchunk: {words: -5}\n")
