@@ -9,7 +9,7 @@ export PREFECT_LOGGING_EXTRA_LOGGERS ?= passage_forge
 export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1  # Material's end-of-life banner on every mkdocs command
 
-.PHONY: demo test bench install clean test-tools docs docs-build docs-dags
+.PHONY: demo test bench install clean test-tools docs docs-build docs-generate docs-dags
 
 # The Python must be one pyproject.toml's requires-python accepts (make PYTHON=/path/to/python3.11 ...).
 define CHECK_PYTHON
@@ -40,13 +40,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pforge run configs/demo.yaml
 
-# What the tests need beyond the venv: Debian's docker-compose validates docker-compose.yml
-# (tests/test_docker_compose.py). Installed with apt when absent and we are root (CI is);
-# otherwise a note, and that test fails in CI (skips elsewhere) naming the install command.
+# What the tests need beyond the venv, as COMMAND:PACKAGE: Debian's docker-compose validates
+# docker-compose.yml (tests/test_docker_compose.py), chromium-headless-shell opens the built site
+# offline (tests/test_docs_render.py). Installed with apt when absent and we are root (CI is);
+# otherwise a note, and those tests fail in CI (skip elsewhere) naming the install command.
+TEST_TOOLS := docker-compose:docker-compose chromium-headless-shell:chromium-headless-shell
 test-tools:
-	@command -v docker-compose >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; } >/dev/null 2>&1; } || \
-	  echo "note: docker-compose is not installed (apt-get install --no-install-recommends docker-compose); tests/test_docker_compose.py needs it"
+	@for tool in $(TEST_TOOLS); do command=$${tool%%:*}; package=$${tool##*:}; \
+	  command -v $$command >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$package; } >/dev/null 2>&1; } || \
+	    echo "note: $$command is not installed (apt-get install --no-install-recommends $$package); the tests that need it fail in CI"; \
+	done
 
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q -ra --durations=25 tests
@@ -60,9 +64,12 @@ docs: $(STAMP)
 docs-build: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict --site-dir site
 
-# A page per config and every stage DAG in the docs and README, as `pforge plan` draws them now.
-docs-dags: $(STAMP)
-	$(BIN)/python docs/gen_dags.py
+# Everything generated in the docs and README (docs/generate.py): a page per config and every stage DAG, as
+# `pforge plan` draws them now, every results table from the committed results, the Changelog page.
+docs-generate: $(STAMP)
+	$(BIN)/python docs/generate.py
+
+docs-dags: docs-generate
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/chunking_throughput.py

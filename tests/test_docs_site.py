@@ -1,7 +1,9 @@
 """The documentation site (mkdocs.yml, docs/) as CI checks it: `mkdocs build --strict` passes with no
 warning and fails on a broken link or anchor (so the check itself is proven); the README stays short
 and links into pages that exist; every stage DAG drawn in the README and the docs is what
-`pforge plan --mermaid` writes now, and every shipped config has its current page."""
+`pforge plan --mermaid --reduced` writes now, and every page and block docs/generate.py writes (config pages,
+DAGs, generated results tables, the Changelog) is current (tests/test_docs_generated.py tests the
+generated blocks themselves)."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,12 +22,13 @@ from tasks.config import PROJECT_ROOT, load_config
 DOCS = PROJECT_ROOT / "docs"
 README = PROJECT_ROOT / "README.md"
 PAPER_PAGES = sorted(p for p in (DOCS / "papers").glob("*.md") if p.name != "index.md")
-# What the build reads besides docs/: the files its snippets include and the modules the API page renders.
-BUILD_INPUTS = ("configs", "storage", "flows", "tasks", "models")
+# What the build reads besides docs/: the files its snippets include (configs, the study's tables) and
+# the modules the API page renders.
+BUILD_INPUTS = ("configs", "benchmarks", "storage", "flows", "tasks", "models")
 
 
-def _gen_dags():
-    spec = importlib.util.spec_from_file_location("gen_dags", DOCS / "gen_dags.py")
+def _generate():
+    spec = importlib.util.spec_from_file_location("generate", DOCS / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -113,17 +116,18 @@ def test_the_config_examples_of_your_own_corpus_validate(tmp_path):
         load_config(tmp_path / f"example{i}.yaml")  # raises ConfigError, naming the field, if the page is wrong
 
 
-def test_every_config_has_its_current_page(shared_data):
-    gen = _gen_dags()
-    stale = [p.relative_to(PROJECT_ROOT).as_posix() for p, text in gen.expected_pages().items()
-             if not p.exists() or p.read_text(encoding="utf-8") != text]
-    assert not stale, f"stale docs pages (run `make docs-dags`): {stale}"
+def test_every_generated_page_and_block_is_current(shared_data):
+    """What `docs/generate.py --check` checks: each config's page, every DAG fence and generated block,
+    the Changelog page, and no page left of a config that is gone."""
+    gen = _generate()
+    stale = {gen.shown(p): parts for p, parts in gen.stale_pages(gen.expected_pages()).items()}
+    assert not stale, f"stale docs pages (run `make docs-generate`): {stale}"
     pages = {p.stem for p in (DOCS / "configs").glob("*.md")} - {"index"}
     assert pages == {p.stem for p in gen.shipped_configs()}
 
 
 def test_every_dag_in_the_docs_is_what_pforge_plan_writes_now(shared_data, tmp_path, capsys):
-    gen = _gen_dags()
+    gen = _generate()
     drawn = [(page, config, dag) for page in [README, *sorted(DOCS.rglob("*.md"))]
              for config, dag in gen.marked_dags(page.read_text(encoding="utf-8"))]
     configs = {config for _, config, _ in drawn}
@@ -138,8 +142,9 @@ def test_every_dag_in_the_docs_is_what_pforge_plan_writes_now(shared_data, tmp_p
     written = {}
     for config in sorted(configs):
         target = tmp_path / f"{Path(config).stem}.mmd"
-        assert main(["--root", str(tmp_path / "store"), "plan", str(PROJECT_ROOT / config), "--mermaid", str(target)]) == 0
+        assert main(["--root", str(tmp_path / "store"), "plan", str(PROJECT_ROOT / config), "--mermaid", str(target),
+                     "--reduced"]) == 0
         written[config] = target.read_text(encoding="utf-8")
     capsys.readouterr()
     stale = [f"{page.relative_to(PROJECT_ROOT)}: {config}" for page, config, dag in drawn if dag != written[config]]
-    assert not stale, f"DAGs that differ from `pforge plan --mermaid` (run `make docs-dags`): {stale}"
+    assert not stale, f"DAGs that differ from `pforge plan --mermaid --reduced` (run `make docs-generate`): {stale}"

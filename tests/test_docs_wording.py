@@ -90,8 +90,8 @@ def test_the_changelog_keeps_its_form_and_the_site_page_is_a_copy_of_it():
     assert versions[0] == "[Unreleased]" and "[0.1.0]" in versions, versions
     assert {title for level, title in headings if level == "###"} <= {
         "Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
-    spec = importlib.util.spec_from_file_location("gen_dags", PROJECT_ROOT / "docs" / "gen_dags.py")
+    spec = importlib.util.spec_from_file_location("generate", PROJECT_ROOT / "docs" / "generate.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert (PROJECT_ROOT / "docs" / "changelog.md").read_text(encoding="utf-8") == gen.changelog_page(), \
-        "docs/changelog.md differs from CHANGELOG.md: run `make docs-dags`"
+        "docs/changelog.md differs from CHANGELOG.md: run `make docs-generate`"

@@ -156,17 +156,23 @@ def other_rows(results: Results) -> list[str]:
     return lines
 
 
+def included(name: str, body: list[str]) -> list[str]:
+    """`body` between the markers the site includes it by (pymdownx.snippets sections, e.g.
+    `--8<-- "benchmarks/results/study_cpu.md:systems"` on Results): a page that includes the
+    committed tables is current with every record, and the markers are comments elsewhere."""
+    return [f"<!-- --8<-- [start:{name}] -->", *body, f"<!-- --8<-- [end:{name}] -->"]
+
+
 def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] | None = None) -> str:
     results = Results(study, records)
     measured = len(results.records)
-    out = [f"# Study {study.name}: every table from its records", "",
-           f"{measured} of {len(study.rows)} rows measured (records: studies/{study.name}/records/). "
-           f"Regenerate: `pforge study tables {study.name}`.", "",
-           "## Reproduction", "", *reproduction_table(results, samples), "",
-           "## Bars", "", *bars_table(results), "",
-           f"## Systems ({SPLIT} split)", "", *systems_table(results), ""]
-    extra = other_rows(results)
-    if extra:
-        out += ["## Classifier and generation", "", *extra, ""]
-    out += ["## Stage build times (30 s or more), per CPU", "", *stage_times_table(results), ""]
+    summary = (f"{measured} of {len(study.rows)} rows measured (records: studies/{study.name}/records/). "
+               f"Regenerate: `pforge study tables {study.name}`.")
+    extra = other_rows(results) or ["- none measured yet"]
+    out = [f"# Study {study.name}: every table from its records", "", *included("summary", [summary]), "",
+           "## Reproduction", "", *included("reproduction", reproduction_table(results, samples)), "",
+           "## Bars", "", *included("bars", bars_table(results)), "",
+           f"## Systems ({SPLIT} split)", "", *included("systems", systems_table(results)), "",
+           "## Classifier and generation", "", *included("classifier-and-generation", extra), "",
+           "## Stage build times (30 s or more), per CPU", "", *included("stage-build-times", stage_times_table(results)), ""]
     return "\n".join(out)

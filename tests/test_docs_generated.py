@@ -1,0 +1,206 @@
+"""Numbers in the docs are generated, not typed: every block between `<!-- generated: SOURCE -->` and
+`<!-- end generated -->` holds what docs/generate.py writes from its source now (a committed results
+file; the study's tables are included by the site from the file the study runner rewrites); a block
+whose number changed is reported stale, naming the page and the block, and rewritten; a marker naming a missing file or section is an error naming the page
+and line; and the Results page carries no number outside a generated block."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from tasks.config import PROJECT_ROOT
+
+RESULTS_PAGE = PROJECT_ROOT / "docs" / "results.md"
+RESULTS_FILE = """# bench_cpu
+
+## Run one
+
+| system | q/s |
+|---|---:|
+| ours | {ours} |
+| peer | 3.8 |
+
+## Run two
+
+`the command`
+
+| system | q/s |
+|---|---:|
+| ours | 4.0 |
+"""
+
+
+def _generate():
+    spec = importlib.util.spec_from_file_location("generate", PROJECT_ROOT / "docs" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def gen():
+    return _generate()
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project root with one committed results file (ours at 4.3 q/s)."""
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "bench_cpu.md").write_text(RESULTS_FILE.format(ours="4.3"), encoding="utf-8")
+    return tmp_path
+
+
+def _page(source: str, body: str = "") -> str:
+    return f"# Page\n\nIntro.\n\n<!-- generated: {source} -->\n{body}<!-- end generated -->\n\nAfter.\n"
+
+
+# ------------------------------------------------------------------------------ the committed docs
+def test_every_generated_block_in_the_docs_is_current(gen):
+    pages = gen.marked_pages()
+    assert RESULTS_PAGE in pages and PROJECT_ROOT / "README.md" in pages
+    stale = {}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        rel = page.relative_to(PROJECT_ROOT).as_posix()
+        written = gen.with_generated(text, rel)
+        if written != text:
+            stale[rel] = gen.stale_parts(text, written, rel)
+    assert not stale, f"stale generated blocks (run `make docs-generate`): {stale}"
+
+
+STUDY_TABLES = PROJECT_ROOT / "benchmarks" / "results" / "study_cpu.md"
+STUDY_INCLUDE = re.compile(r'^--8<-- "benchmarks/results/study_cpu\.md:(?P<section>[a-z-]+)"$', re.MULTILINE)
+
+
+def test_the_results_page_includes_the_studys_committed_tables_section_by_section():
+    # Included as the site is built (pymdownx.snippets sections), not copied: every record the study
+    # runner commits rewrites study_cpu.md, and the page shows it without a regeneration.
+    included = STUDY_INCLUDE.findall(RESULTS_PAGE.read_text(encoding="utf-8"))
+    assert {"summary", "systems", "bars", "reproduction"} <= set(included), included
+    tables = STUDY_TABLES.read_text(encoding="utf-8")
+    for section in included:
+        start, end = f"<!-- --8<-- [start:{section}] -->", f"<!-- --8<-- [end:{section}] -->"
+        assert tables.count(start) == 1 and tables.count(end) == 1 and tables.index(start) < tables.index(end), section
+    summary = tables.split("[start:summary] -->\n", 1)[1].split("\n", 1)[0]
+    assert re.fullmatch(r"\d+ of \d+ rows measured .*", summary), summary
+
+
+# ------------------------------------------------------------------------------ a stale block
+def test_a_changed_number_is_reported_stale_naming_the_block_and_then_rewritten(gen, project):
+    source = 'results benchmarks/results/bench_cpu.md "Run one"'
+    page = project / "page.md"
+    page.write_text(gen.with_generated(_page(source), "page.md", root=project), encoding="utf-8")
+    assert "| ours | 4.3 |" in page.read_text(encoding="utf-8")
+    # The benchmark is rerun: its committed file now says 4.6.
+    (project / "benchmarks" / "results" / "bench_cpu.md").write_text(RESULTS_FILE.format(ours="4.6"), encoding="utf-8")
+    old = page.read_text(encoding="utf-8")
+    new = gen.with_generated(old, "page.md", root=project)
+    assert "| ours | 4.6 |" in new and "4.3" not in new
+    assert gen.stale_parts(old, new, "page.md") == [f"line 5: generated: {source}"]
+
+
+def test_check_exits_1_naming_the_stale_page_and_block_and_a_rerun_rewrites_it(gen, project, monkeypatch, capsys):
+    page = project / "page.md"
+    page.write_text(_page("results benchmarks/results/bench_cpu.md table 2", "\n| ours | 3.9 |\n\n"), encoding="utf-8")
+    monkeypatch.setattr(gen, "expected_pages",
+                        lambda: {page: gen.with_generated(page.read_text(encoding="utf-8"), "page.md", root=project)})
+    monkeypatch.setattr(gen, "orphan_pages", lambda: [])
+    assert gen.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"stale: {page}: line 5: generated: results benchmarks/results/bench_cpu.md table 2" in out
+    assert "3.9" in page.read_text(encoding="utf-8")  # --check rewrites nothing
+    assert gen.main([]) == 0
+    assert "| ours | 4.0 |" in page.read_text(encoding="utf-8")
+    assert gen.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("selector, shown", [
+    ('"Run one"', "| ours | 4.3 |\n| peer | 3.8 |"),            # a heading alone: the section's body
+    ('"Run two" table 1', "| ours | 4.0 |"),                      # the first table after the heading
+    ("table 2", "| ours | 4.0 |"),                                # from the top of the file
+    ("", "| ours | 4.3 |\n| peer | 3.8 |"),                       # nothing: the first table
+])
+def test_what_a_results_marker_selects(gen, project, selector, shown):
+    content = gen.block_content(f"results benchmarks/results/bench_cpu.md {selector}", project)
+    assert shown in content
+    assert ("`the command`" in content) == (selector == '"Run two"')
+
+
+# ------------------------------------------------------------------------------ bad markers
+@pytest.mark.parametrize("source, message", [
+    ('results benchmarks/results/bench_cpu.md "No such run"', 'bench_cpu.md has no heading that begins with "No such run"'),
+    ("results benchmarks/results/missing.md", "no results file benchmarks/results/missing.md"),
+    ('results benchmarks/results/bench_cpu.md "Run two" table 2', 'has 1 table(s) after heading "Run two", not table 2'),
+    ('study squad-open "Bars"', "unknown source"),   # the site includes the study's tables: no copy goes stale
+    ("survey squad-open summary", "unknown source"),
+])
+def test_a_marker_naming_a_missing_source_fails_with_the_page_and_line(gen, project, source, message):
+    with pytest.raises(gen.GeneratedBlockError) as caught:
+        gen.with_generated(_page(source), "docs/page.md", root=project)
+    assert str(caught.value).startswith("docs/page.md:5: ") and message in str(caught.value), str(caught.value)
+
+
+def test_a_block_without_its_end_marker_fails_with_the_page_and_line(gen, project):
+    text = "# Page\n\n<!-- generated: results benchmarks/results/bench_cpu.md -->\n\nMore text.\n"
+    with pytest.raises(gen.GeneratedBlockError, match=r"^page\.md:3: no `<!-- end generated -->`"):
+        gen.with_generated(text, "page.md", root=project)
+
+
+def test_a_marker_shown_in_a_code_fence_is_an_example_not_a_block(gen, project):
+    text = "```markdown\n<!-- generated: results benchmarks/results/missing.md -->\n<!-- end generated -->\n```\n"
+    assert gen.with_generated(text, "page.md", root=project) == text
+
+
+def test_generate_check_fails_on_a_bad_marker_naming_it(gen, project, monkeypatch, capsys):
+    page = project / "page.md"
+    page.write_text(_page("results benchmarks/results/missing.md"), encoding="utf-8")
+    monkeypatch.setattr(gen, "PROJECT_ROOT", project)
+    monkeypatch.setattr(gen, "shipped_configs", lambda: [])  # no config page to plan
+    monkeypatch.setattr(gen, "marked_pages", lambda: [page])
+    assert gen.main(["--check"]) == 2
+    assert "page.md:5: no results file benchmarks/results/missing.md" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ no typed number
+def typed_numbers(text: str, gen) -> list[tuple[int, str]]:
+    """(line, word) of each typed number: outside generated blocks, code fences and spans, headings,
+    links and HTML comments, a word that holds a digit must begin with a letter (BM25, top-20, nDCG@10,
+    v1.1 are names; 59.4, 2x, -0.5, 100-word are numbers)."""
+    lines = text.split("\n")
+    hidden = set()
+    for block in gen.generated_blocks(text, "page"):
+        hidden.update(range(block.first, block.last + 1))
+    hidden.update(i for i, in_fence in enumerate(gen.fenced(lines)) if in_fence)
+    hidden.update(i for i, line in enumerate(lines) if re.match(r"#{1,6} |--8<-- ", line))  # headings, includes
+    prose = "\n".join("" if i in hidden else line for i, line in enumerate(lines))
+    for hiding in (r"<!--.*?-->", r"`[^`]*`", r"!?\[[^\]]*\]\([^)]*\)"):
+        prose = re.sub(hiding, lambda m: re.sub(r"[^\n]", " ", m.group()), prose, flags=re.DOTALL)
+    found = []
+    for word in re.finditer(r"\S+", prose):
+        bare = word.group().lstrip("([{\"'*_~")
+        if re.search(r"\d", bare) and not bare[:1].isalpha():
+            found.append((prose.count("\n", 0, word.start()) + 1, word.group()))
+    return found
+
+
+@pytest.mark.parametrize("typed", ["gold-s1 reaches top-1 59.4.", "the hybrid is **2.4x** faster", "(-0.5, [-1.2, +0.1])",
+                                   "on 2 cores", "passages of 100-word chunks", "at 1e-4"])
+def test_the_rule_flags_a_typed_number(gen, typed):
+    assert typed_numbers(f"Intro.\n\n{typed}\n", gen), typed
+
+
+@pytest.mark.parametrize("named", ["BM25 and nDCG@10, top-20 and R@100 on SQuAD v1.1 with SmolLM2", "`k1: 0.9`",
+                                   "## Quality on an H100 (2 cores)", "[paper 003](papers/negative-contrast.md)",
+                                   "```bash\npforge run --epochs 10\n```", _page("results benchmarks/results/bench_cpu.md", "| ours | 4.3 |\n"),
+                                   '--8<-- "benchmarks/results/study_cpu.md:systems"'])
+def test_the_rule_passes_names_code_headings_links_includes_and_generated_blocks(gen, named):
+    assert typed_numbers(named, gen) == [], named
+
+
+def test_the_results_page_types_no_number(gen):
+    found = typed_numbers(RESULTS_PAGE.read_text(encoding="utf-8"), gen)
+    assert not found, ("numbers typed on docs/results.md (generate them from a committed result, "
+                       f"or leave them out): {found}")

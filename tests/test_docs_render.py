@@ -1,0 +1,75 @@
+"""The built site as a reader's browser shows it with no network: every page's Mermaid diagrams
+render (the site serves Mermaid itself), and without that script they stay text (so the check is
+proven). A headless Chromium (docs/browser.py) opens the pages from disk, every host name but the
+loopback address unresolvable. `make test` installs Debian's chromium-headless-shell as root
+(CI is); without a Chromium the tests fail in CI and skip elsewhere."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tasks.config import PROJECT_ROOT
+from tests.conftest import running_in_ci
+
+DOCS = PROJECT_ROOT / "docs"
+PAGES_WITH_DIAGRAMS = ("getting-started", "configs/demo", "configs/squad-open")
+# Material takes the `mermaid` class off each diagram's <pre> at once, and puts a <div class="mermaid">
+# holding the drawing in its place once Mermaid has drawn it: an undrawn diagram is a <pre> of source.
+AS_TEXT = "[...document.querySelectorAll('pre')].some(e => e.textContent.startsWith('flowchart'))"
+RENDERED = (f"!({AS_TEXT}) && document.querySelectorAll('div.mermaid').length > 0 && "
+            "[...document.querySelectorAll('div.mermaid')].every(d => d.getBoundingClientRect().height > 50)")
+
+
+def _browser_module():
+    spec = importlib.util.spec_from_file_location("browser", DOCS / "browser.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    found = _browser_module().find_chromium()
+    if found is None:
+        message = "no Chromium (apt-get install --no-install-recommends chromium-headless-shell; `make test` does as root)"
+        if running_in_ci():
+            pytest.fail(f"{message}; CI={os.environ['CI']}: the site must be opened in CI, not skipped", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    site = tmp_path_factory.mktemp("rendered") / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return site
+
+
+def test_every_diagram_renders_offline(chromium, site):
+    browser = _browser_module()
+    with browser.Browser(chromium) as page:
+        for name in PAGES_WITH_DIAGRAMS:
+            page.open((site / name / "index.html").as_uri())
+            assert page.wait_for(RENDERED, timeout_s=30), f"{name}: a diagram is still text offline"
+
+
+def test_without_the_sites_mermaid_a_diagram_stays_text_offline(chromium, site):
+    page_path = site / "getting-started" / "index.html"
+    html = page_path.read_text(encoding="utf-8")
+    stripped, removed = re.subn(r'<script src="[^"]*mermaid-[0-9.]+\.min\.js"></script>', "", html)
+    assert removed == 1, "the page loads the site's own Mermaid once"
+    bare = page_path.with_name("without-mermaid.html")
+    bare.write_text(stripped, encoding="utf-8")
+    browser = _browser_module()
+    with browser.Browser(chromium) as page:
+        page.open(bare.as_uri(), settle_s=3)
+        assert not page.wait_for(RENDERED, timeout_s=5)
+        assert page.evaluate(AS_TEXT)
