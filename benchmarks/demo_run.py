@@ -27,10 +27,10 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401  (puts the project on sys.path)
 from flows.study.machine import describe_cpu  # noqa: E402
+from flows.study.records import code_commit  # noqa: E402
 
 ROOT = _bootstrap.ROOT
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "demo_run_cpu.json"
-RESULTS_MD = RESULTS_JSON.with_suffix(".md")
 PFORGE = Path(sys.executable).with_name("pforge")
 STAGE_LINE = re.compile(r"INFO (\S+): (\S+) ([0-9a-f]{16}) \((built|cache hit)\)")
 SAMPLE_STAGE_LINES = 6   # the first stages' lines, then "...", then the last one
@@ -102,17 +102,13 @@ def output_sample(output: str, root: Path) -> str:
     return text.replace(str(root), "artifacts")
 
 
-def commit_of() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
 def entry_for(config: Path, root: Path, log: Path, code: int, wall_s: float, install_s: float | None) -> dict:
     output = log.read_text(encoding="utf-8", errors="replace")
     built = manifests(root)
     reports = sorted(root.glob("evaluation/*/report.md"))
     report = reports[-1].read_text(encoding="utf-8") if reports else ""
     return {"config": str(config.relative_to(ROOT)), "cpu": describe_cpu(), "date": datetime.now(timezone.utc).date().isoformat(),
-            "commit": commit_of(), "exit_code": code, "wall_s": round(wall_s, 1), "pipeline_s": pipeline_seconds(built),
+            **code_commit(ROOT), "exit_code": code, "wall_s": round(wall_s, 1), "pipeline_s": pipeline_seconds(built),
             "install_s": install_s, "output_lines": len(output.splitlines()), "stages": stage_builds(output, built),
             "test_split": report_section(report, "Split: test"), "sample": output_sample(output, root)}
 
@@ -132,7 +128,7 @@ def markdown(entries: list[dict]) -> str:
              "|---|---|---:|---:|---:|---|"]
     for e in entries:
         times.append(f"| {e['cpu']['key']} | {', '.join(e['cpu']['flags'])} | {minutes(e['pipeline_s'])} | "
-                     f"{minutes(e['wall_s'])} | {minutes(e['install_s'])} | {e['date']}, commit {e['commit'][:10]} |")
+                     f"{minutes(e['wall_s'])} | {minutes(e['install_s'])} | {e['date']}, commit {(e['commit'] or 'unknown')[:10]} |")
     last = entries[-1]
     stages = ["| stage | build (s) |", "|---|---:|"]
     stages += [f"| {s['stage']} | {s['build_s']:.1f} |" for s in last["stages"] if s["build_s"] is not None]

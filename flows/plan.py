@@ -92,13 +92,17 @@ def drawn_inputs(plan: Plan) -> dict[str, list[str]]:
     return drawn
 
 
+def _edges(plan: Plan, reduced: bool) -> dict[str, list[str]]:
+    """The inputs each stage is drawn with: all of them, or `drawn_inputs`'s."""
+    return drawn_inputs(plan) if reduced else {stage.name: list(stage.inputs) for stage in plan}
+
+
 def mermaid(plan: Plan, reduced: bool = False) -> str:
     """The stage DAG as a Mermaid flowchart (without the ``` fence), one line per stage in run order:
     its inputs `-->` it (`a & b --> c`); an input pinned to another run's artifact is a rounded
     node of its own, with a dotted arrow. `reduced`: only the edges no longer path implies
     (`drawn_inputs`), as the docs draw it."""
-    ids, pins = _node_ids(plan), _pins(plan)
-    inputs = drawn_inputs(plan) if reduced else {stage.name: list(stage.inputs) for stage in plan}
+    ids, pins, inputs = _node_ids(plan), _pins(plan), _edges(plan, reduced)
     lines = ["flowchart TD"]
     for stage in plan:
         node = f'{ids[stage.name]}["{_label(stage.name)}"]'  # declared where it first appears
@@ -115,8 +119,7 @@ def mermaid(plan: Plan, reduced: bool = False) -> str:
 
 def dot(plan: Plan, reduced: bool = False) -> str:
     """The stage DAG as Graphviz dot (`dot -Tsvg`): the same nodes and edges as `mermaid`."""
-    ids, pins = _node_ids(plan), _pins(plan)
-    inputs = drawn_inputs(plan) if reduced else {stage.name: list(stage.inputs) for stage in plan}
+    ids, pins, inputs = _node_ids(plan), _pins(plan), _edges(plan, reduced)
     lines = ["digraph plan {", "    rankdir=TB;", "    node [shape=box];"]
     lines += [f'    {ids[stage.name]} [label="{_dot_label(stage.name)}"];' for stage in plan]
     for (name, key), pid in pins.items():

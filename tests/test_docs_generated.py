@@ -5,13 +5,12 @@ whose number changed is reported stale, naming the page and the block, and rewri
 and line; and the Results page carries no number outside a generated block."""
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 from tasks.config import PROJECT_ROOT
+from tests.docs_scripts import docs_script
 
 RESULTS_PAGE = PROJECT_ROOT / "docs" / "results.md"
 RESULTS_FILE = """# bench_cpu
@@ -33,16 +32,11 @@ RESULTS_FILE = """# bench_cpu
 """
 
 
-def _generate():
-    spec = importlib.util.spec_from_file_location("generate", PROJECT_ROOT / "docs" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
 def gen():
-    return _generate()
+    return docs_script("generate")
 
 
 @pytest.fixture

@@ -5,16 +5,14 @@ loopback address unresolvable. `make test` installs Debian's chromium-headless-s
 (CI is); without a Chromium the tests fail in CI and skip elsewhere."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from tasks.config import PROJECT_ROOT
 from tests.conftest import running_in_ci
+from tests.docs_scripts import build_site, docs_script
 
 DOCS = PROJECT_ROOT / "docs"
 PAGES_WITH_DIAGRAMS = ("getting-started", "configs/demo", "configs/squad-open")
@@ -25,16 +23,12 @@ RENDERED = (f"!({AS_TEXT}) && document.querySelectorAll('div.mermaid').length > 
             "[...document.querySelectorAll('div.mermaid')].every(d => d.getBoundingClientRect().height > 50)")
 
 
-def _browser_module():
-    spec = importlib.util.spec_from_file_location("browser", DOCS / "browser.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+browser = docs_script("browser")
 
 
 @pytest.fixture(scope="module")
 def chromium():
-    found = _browser_module().find_chromium()
+    found = browser.find_chromium()
     if found is None:
         message = "no Chromium (apt-get install --no-install-recommends chromium-headless-shell; `make test` does as root)"
         if running_in_ci():
@@ -46,15 +40,12 @@ def chromium():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     site = tmp_path_factory.mktemp("rendered") / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, log = build_site(PROJECT_ROOT, site)
+    assert code == 0, log[-3000:]
     return site
 
 
 def test_every_diagram_renders_offline(chromium, site):
-    browser = _browser_module()
     with browser.Browser(chromium) as page:
         for name in PAGES_WITH_DIAGRAMS:
             page.open((site / name / "index.html").as_uri())
@@ -68,7 +59,6 @@ def test_without_the_sites_mermaid_a_diagram_stays_text_offline(chromium, site):
     assert removed == 1, "the page loads the site's own Mermaid once"
     bare = page_path.with_name("without-mermaid.html")
     bare.write_text(stripped, encoding="utf-8")
-    browser = _browser_module()
     with browser.Browser(chromium) as page:
         page.open(bare.as_uri(), settle_s=3)
         assert not page.wait_for(RENDERED, timeout_s=5)

@@ -6,18 +6,15 @@ DAGs, generated results tables, the Changelog) is current (tests/test_docs_gener
 generated blocks themselves)."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from tasks.config import PROJECT_ROOT, load_config
+from tests.docs_scripts import build_site, docs_script
 
 DOCS = PROJECT_ROOT / "docs"
 README = PROJECT_ROOT / "README.md"
@@ -27,23 +24,9 @@ PAPER_PAGES = sorted(p for p in (DOCS / "papers").glob("*.md") if p.name != "ind
 BUILD_INPUTS = ("configs", "benchmarks", "storage", "flows", "tasks", "models")
 
 
-def _generate():
-    spec = importlib.util.spec_from_file_location("generate", DOCS / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _build(project: Path, site: Path) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                          cwd=project, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"})
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 def test_the_site_builds_strictly_without_a_warning(tmp_path):
     site = tmp_path / "site"
-    code, log = _build(PROJECT_ROOT, site)
+    code, log = build_site(PROJECT_ROOT, site)
     assert code == 0, log[-5000:]
     assert "WARNING" not in log, log[-5000:]
     for page in ["getting-started", "concepts", "your-own-corpus", "operations", "benchmarks", "results",
@@ -60,7 +43,7 @@ def test_the_site_builds_strictly_without_a_warning(tmp_path):
 
 
 @pytest.mark.parametrize("bad_link", ["no-such-page.md", "concepts.md#no-such-section"])
-def test_a_broken_link_fails_the_strict_build(tmp_path, bad_link):
+def test_a_broken_link_fails_the_strictbuild_site(tmp_path, bad_link):
     project = tmp_path / "project"
     shutil.copytree(DOCS, project / "docs")
     shutil.copy(PROJECT_ROOT / "mkdocs.yml", project / "mkdocs.yml")
@@ -68,7 +51,7 @@ def test_a_broken_link_fails_the_strict_build(tmp_path, bad_link):
         (project / name).symlink_to(PROJECT_ROOT / name)
     page = project / "docs" / "getting-started.md"
     page.write_text(page.read_text(encoding="utf-8") + f"\nSee [this]({bad_link}).\n", encoding="utf-8")
-    code, log = _build(project, tmp_path / "site")
+    code, log = build_site(project, tmp_path / "site")
     warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
     assert code != 0 and "Aborted with 1 warnings in strict mode" in log, log[-3000:]
     assert len(warnings) == 1 and bad_link in warnings[0], warnings  # the copy is intact but for the bad link
@@ -119,7 +102,7 @@ def test_the_config_examples_of_your_own_corpus_validate(tmp_path):
 def test_every_generated_page_and_block_is_current(shared_data):
     """What `docs/generate.py --check` checks: each config's page, every DAG fence and generated block,
     the Changelog page, and no page left of a config that is gone."""
-    gen = _generate()
+    gen = docs_script("generate")
     stale = {gen.shown(p): parts for p, parts in gen.stale_pages(gen.expected_pages()).items()}
     assert not stale, f"stale docs pages (run `make docs-generate`): {stale}"
     pages = {p.stem for p in (DOCS / "configs").glob("*.md")} - {"index"}
@@ -127,7 +110,7 @@ def test_every_generated_page_and_block_is_current(shared_data):
 
 
 def test_every_dag_in_the_docs_is_what_pforge_plan_writes_now(shared_data, tmp_path, capsys):
-    gen = _generate()
+    gen = docs_script("generate")
     drawn = [(page, config, dag) for page in [README, *sorted(DOCS.rglob("*.md"))]
              for config, dag in gen.marked_dags(page.read_text(encoding="utf-8"))]
     configs = {config for _, config, _ in drawn}

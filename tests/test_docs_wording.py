@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import PROJECT_ROOT
+from tests.docs_scripts import docs_script
 
 # What a page must not say, each matched across a line break (a phrase a paragraph wraps).
 FORBIDDEN = {
@@ -81,7 +82,6 @@ def test_no_page_names_an_issue_a_session_or_where_its_work_stops():
 
 
 def test_the_changelog_keeps_its_form_and_the_site_page_is_a_copy_of_it():
-    import importlib.util
 
     text = (PROJECT_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     headings = re.findall(r"^(#{1,3}) (.+)$", text, flags=re.MULTILINE)
@@ -90,8 +90,6 @@ def test_the_changelog_keeps_its_form_and_the_site_page_is_a_copy_of_it():
     assert versions[0] == "[Unreleased]" and "[0.1.0]" in versions, versions
     assert {title for level, title in headings if level == "###"} <= {
         "Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
-    spec = importlib.util.spec_from_file_location("generate", PROJECT_ROOT / "docs" / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = docs_script("generate")
     assert (PROJECT_ROOT / "docs" / "changelog.md").read_text(encoding="utf-8") == gen.changelog_page(), \
         "docs/changelog.md differs from CHANGELOG.md: run `make docs-generate`"
