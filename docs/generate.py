@@ -241,14 +241,40 @@ def stale_parts(old: str, new: str, page: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ config pages
-def header_comment(config: Path) -> str:
-    """The comment lines that open a config file, without their `#`."""
+def header_lines(config: Path) -> list[str]:
+    """The comment lines that open a config file, without their `#` and the one space after it."""
     lines = []
     for line in config.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             break
-        lines.append(line[1:].strip())
-    return " ".join(lines)
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return lines
+
+
+def header_comment(config: Path) -> str:
+    """The opening comment as one line of prose."""
+    return " ".join(line.strip() for line in header_lines(config))
+
+
+def description(config: Path) -> str:
+    """The whole opening comment as Markdown: its prose lines as paragraphs, and each run of lines
+    indented further (a command, an aligned list) kept as written in a text block."""
+    parts: list[tuple[bool, list[str]]] = []   # (indented, lines)
+    for line in header_lines(config):
+        indented = line.startswith(" ")
+        if not line.strip():
+            parts.append((False, []))   # a bare `#` ends a paragraph
+        elif parts and parts[-1][0] == indented:
+            parts[-1][1].append(line)
+        else:
+            parts.append((indented, [line]))
+    blocks = []
+    for indented, lines in filter(lambda part: part[1], parts):
+        if indented:
+            blocks.append("```text\n" + "\n".join(line[2:] if line.startswith("  ") else line for line in lines) + "\n```")
+        else:
+            blocks.append(" ".join(line.strip() for line in lines).replace("<", "&lt;"))
+    return "\n\n".join(blocks)
 
 
 def summary(config: Path, limit: int = 240) -> str:
@@ -297,7 +323,7 @@ def config_page(config: Path) -> str:
     extends = f" It extends [`{base}`]({Path(base).stem}.md): mappings merge, lists replace." if base else ""
     return f"""# {config.stem}
 
-{summary(config) or rel}
+{description(config) or rel}
 
 `{rel}`.{extends}
 

@@ -96,6 +96,21 @@ def test_tables_come_from_the_records_alone(tmp_path):
     assert study_tables(study, samples=2000) == text   # the same records give the same tables
 
 
+def test_each_paper_gets_its_own_reproduction_table_to_include_and_a_joint_claim_is_in_both(tmp_path):
+    study = _study_folder(
+        tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1}],
+        claims=[{"paper": "001 table 2", "claim": "a beats b", "a": "a", "b": "b", "k": 1},
+                {"paper": "003 sec. 4.1", "claim": "b beats a", "a": "b", "b": "a", "k": 1},
+                {"paper": "001 + 003 (NFCorpus)", "claim": "a beats b again", "a": "a", "b": "b", "k": 1}])
+    text = study_tables(study, samples=200)
+    sections = {name: text.split(f"[start:paper-{name}] -->")[1].split(f"<!-- --8<-- [end:paper-{name}]")[0]
+                for name in ("001", "003")}
+    assert "a beats b |" in sections["001"] and "a beats b again" in sections["001"] and "b beats a" not in sections["001"]
+    assert "b beats a" in sections["003"] and "a beats b again" in sections["003"] and "a beats b |" not in sections["003"]
+    assert all(body.count("| paper | claim |") == 1 for body in sections.values())   # each a whole table
+    assert "[start:paper-P" not in text
+
+
 def test_a_record_whose_outcomes_do_not_match_its_question_list_is_refused(tmp_path):
     study = _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}])
     _runs_record(study, "a", [1, 2, 3])

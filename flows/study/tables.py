@@ -3,6 +3,8 @@ metrics with where it was measured, the reproduction table with paired bootstrap
 bars, and the stage build times per CPU. `pforge study tables` prints them as Markdown."""
 from __future__ import annotations
 
+import re
+
 from flows.study.definition import Bar, Claim, Study
 from flows.study.records import NDCG_AT_10, RANK, outcomes_by_split, read_records
 
@@ -105,9 +107,26 @@ def _classifier_line(claim: Claim, record: dict | None) -> str:
     return f"| {claim.paper} | {claim.claim} | {here} | - | {'yes' if ce['f1'] > de['f1'] and ce['auc'] > de['auc'] else 'no'} |"
 
 
-def reproduction_table(results: Results, samples: int) -> list[str]:
+def reproduction_table(results: Results, samples: int, claims: list[Claim] | None = None) -> list[str]:
     return (["| paper | claim | here (A vs B, test split) | 95% interval of A - B | reproduced? |",
-             "|---|---|---|---|---|"] + [claim_line(results, c, samples) for c in results.study.claims])
+             "|---|---|---|---|---|"] + [claim_line(results, c, samples)
+                                         for c in (results.study.claims if claims is None else claims)])
+
+
+def papers_of(claim: Claim) -> list[str]:
+    """The papers a claim names ("001 + 002 (NFCorpus)" belongs to both), for each paper's page."""
+    return re.findall(r"\b(\d{3})\b", claim.paper)
+
+
+def paper_tables(results: Results, samples: int) -> list[str]:
+    """The reproduction table once per paper, each between the markers its paper page includes
+    (`study_cpu.md:paper-003`)."""
+    papers = sorted({paper for claim in results.study.claims for paper in papers_of(claim)})
+    out = []
+    for paper in papers:
+        claims = [c for c in results.study.claims if paper in papers_of(c)]
+        out += [f"### Paper {paper}", "", *included(f"paper-{paper}", reproduction_table(results, samples, claims)), ""]
+    return out
 
 
 def bar_line(results: Results, bar: Bar) -> str:
@@ -171,6 +190,7 @@ def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] |
     extra = other_rows(results) or ["- none measured yet"]
     out = [f"# Study {study.name}: every table from its records", "", *included("summary", [summary]), "",
            "## Reproduction", "", *included("reproduction", reproduction_table(results, samples)), "",
+           "## Reproduction by paper", "", *paper_tables(results, samples),
            "## Bars", "", *included("bars", bars_table(results)), "",
            f"## Systems ({SPLIT} split)", "", *included("systems", systems_table(results)), "",
            "## Classifier and generation", "", *included("classifier-and-generation", extra), "",
