@@ -66,7 +66,7 @@ def test_every_generated_block_in_the_docs_is_current(gen):
 
 
 STUDY_TABLES = PROJECT_ROOT / "benchmarks" / "results" / "study_cpu.md"
-STUDY_INCLUDE = re.compile(r'^--8<-- "benchmarks/results/study_cpu\.md:(?P<section>[a-z-]+)"$', re.MULTILINE)
+STUDY_INCLUDE = re.compile(r'^--8<-- "benchmarks/results/study_cpu\.md:(?P<section>[a-z0-9-]+)"$', re.MULTILINE)
 
 
 def test_the_results_page_includes_the_studys_committed_tables_section_by_section():
@@ -159,10 +159,17 @@ def test_generate_check_fails_on_a_bad_marker_naming_it(gen, project, monkeypatc
 
 
 # ------------------------------------------------------------------------------ no typed number
-def typed_numbers(text: str, gen) -> list[tuple[int, str]]:
+# A paper's own numbering: the word after one of these names a part of the paper, not a result.
+PAPER_REFERENCE = re.compile(r"\b(?:sections?|tables?|figures?|equations?|papers?)\s+(?P<ref>\d[\d.]*\d|\d)",
+                             re.IGNORECASE)
+
+
+def typed_numbers(text: str, gen, paper_references: bool = False) -> list[tuple[int, str]]:
     """(line, word) of each typed number: outside generated blocks, code fences and spans, headings,
     links and HTML comments, a word that holds a digit must begin with a letter (BM25, top-20, nDCG@10,
-    v1.1 are names; 59.4, 2x, -0.5, 100-word are numbers)."""
+    v1.1 are names; 59.4, 2x, -0.5, 100-word are numbers). With `paper_references`, the number after
+    "section", "table", "figure", "equation" or "paper" (section 4.1, table 2, paper 003) is the
+    paper's numbering, not a result."""
     lines = text.split("\n")
     hidden = set()
     for block in gen.generated_blocks(text, "page"):
@@ -172,6 +179,8 @@ def typed_numbers(text: str, gen) -> list[tuple[int, str]]:
     prose = "\n".join("" if i in hidden else line for i, line in enumerate(lines))
     for hiding in (r"<!--.*?-->", r"`[^`]*`", r"!?\[[^\]]*\]\([^)]*\)"):
         prose = re.sub(hiding, lambda m: re.sub(r"[^\n]", " ", m.group()), prose, flags=re.DOTALL)
+    if paper_references:
+        prose = PAPER_REFERENCE.sub(lambda m: m.group()[:m.start("ref") - m.start()] + " " * len(m["ref"]), prose)
     found = []
     for word in re.finditer(r"\S+", prose):
         bare = word.group().lstrip("([{\"'*_~")
@@ -198,3 +207,41 @@ def test_the_results_page_types_no_number(gen):
     found = typed_numbers(RESULTS_PAGE.read_text(encoding="utf-8"), gen)
     assert not found, ("numbers typed on docs/results.md (generate them from a committed result, "
                        f"or leave them out): {found}")
+
+
+PAPER_PAGES = sorted(p for p in (PROJECT_ROOT / "docs" / "papers").glob("*.md") if p.name != "index.md")
+
+
+def results_section(text: str) -> str:
+    """A paper page from its `## Results` heading to its end, the lines before it blanked (so that
+    line numbers stay the page's)."""
+    head, heading, rest = text.partition("\n## Results\n")
+    assert heading, "a paper page has a `## Results` section"
+    return "\n" * (head.count("\n") + 1) + heading.lstrip("\n") + rest
+
+
+@pytest.mark.parametrize("typed", ["section 4.1 gains 1.4", "table 2: 55.0", "paper 003 reaches 59.4"])
+def test_a_paper_reference_exempts_only_the_number_after_it(gen, typed):
+    assert [word for _, word in typed_numbers(f"Intro.\n\n{typed}\n", gen, paper_references=True)] == [typed.split()[-1]]
+
+
+@pytest.mark.parametrize("named", ["paper 000 figure 2", "sections 4.2 and section 5.3 of paper 001", "Table 2, equation 3"])
+def test_a_paper_reference_is_not_a_typed_number_on_a_paper_page(gen, named):
+    assert typed_numbers(named, gen, paper_references=True) == [], named
+    assert typed_numbers(named, gen), "elsewhere the rule still flags it"
+
+
+@pytest.mark.parametrize("page", PAPER_PAGES, ids=[p.stem for p in PAPER_PAGES])
+def test_the_results_section_of_a_paper_page_types_no_number(gen, page):
+    assert len(PAPER_PAGES) == 4
+    section = results_section(page.read_text(encoding="utf-8"))
+    found = typed_numbers(section, gen, paper_references=True)
+    assert not found, (f"numbers typed in the Results section of {page.relative_to(PROJECT_ROOT)} (generate them "
+                       f"from a committed result, or leave them out): {found}")
+
+
+@pytest.mark.parametrize("page", PAPER_PAGES, ids=[p.stem for p in PAPER_PAGES])
+def test_a_paper_page_includes_its_papers_study_rows(page):
+    paper = re.search(r"\(paper (\d{3})\)", page.read_text(encoding="utf-8").split("\n", 1)[0])[1]
+    section = results_section(page.read_text(encoding="utf-8"))
+    assert f"paper-{paper}" in STUDY_INCLUDE.findall(section), page.name
