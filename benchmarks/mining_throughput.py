@@ -104,7 +104,8 @@ def make_ours(args, pids, texts, queries, positives):
     """The miner: strings in, per question the M best non-positive pids out."""
     from tasks.dense.encode import iter_shards
     from tasks.dense.models import for_inference, load_bi_encoder
-    from tasks.dense.stages import DenseModelConfig, EncodeSettings
+    from tasks.compute.encode import EncodeSettings
+    from tasks.dense.stages import DenseModelConfig
     from tasks.negatives.blocked_topk import blocked_top_k
 
     model = for_inference(load_bi_encoder(DenseModelConfig(base="minilm").model_dump()), "cpu")

@@ -50,7 +50,7 @@ def sgemm_gflops(threads: int, n: int = 2048, repeat: int = 5) -> float:
     best of `repeat`, in GFLOP/s."""
     import torch
 
-    from tasks.threads import pinned_threads
+    from models.threads import pinned_threads
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     with pinned_threads(threads):

@@ -378,7 +378,10 @@ def _refresh(args) -> int:
         dump = str(Path(dump).expanduser().absolute())
     if not is_url(dump or configured_dump(cfg)):  # refused before the Prefect server starts (a URL: in the flow)
         locate_configured_dump(cfg, dump)
-    summary = corpus_refresh(config=cfg, dump=dump, root=args.root)
+    from flows.server_watchdog import stopping_if_the_server_dies
+
+    with stopping_if_the_server_dies():  # as `run`'s: a dead Prefect server is one line, not minutes of retries
+        summary = corpus_refresh(config=cfg, dump=dump, root=args.root)
     if summary["up_to_date"]:
         print(f"up to date: the corpus was built from {summary['dump']}; nothing written")
         return 0
@@ -417,38 +420,45 @@ def _import(args) -> int:
 
 def _verify(args) -> int:
     from storage import ArtifactStore, resolve_root
-    from storage.verify import repair, verify_store
+    from storage.verify import repair, verify_catalog, verify_store
 
-    store = ArtifactStore(resolve_root(args.root), create=False, writable=args.repair)  # --repair moves folders
+    root = resolve_root(args.root)
+    whole = not (args.artifact or args.config)  # the catalog too; before the open, which may rebuild it
+    catalog_checked, catalog_damage = verify_catalog(root) if whole else (False, [])
+    store = ArtifactStore(root, create=False, writable=args.repair)  # --repair moves folders
     def progress(i: int, n: int, artifact) -> None:
         size = sum(record["bytes"] for record in (artifact.manifest.get("files") or {}).values())
         logging.getLogger("passage_forge").info("verify %d/%d: %s %s (%s bytes)", i, n, artifact.stage,
                                                 artifact.version, f"{size:,}")
     report = verify_store(store, _verify_targets(store, args), progress)
+    report.damaged = catalog_damage + report.damaged
     for damage in report.damaged:
         print(damage)
     for artifact in report.unrecorded:
         print(f"{artifact.stage} {artifact.version}: no digests recorded (committed before they were): not checked")
     unchecked = f"; {len(report.unrecorded)} without digests, not checked" if report.unrecorded else ""
-    print(f"verified {report.artifacts} artifacts, {report.files} files: {len(report.damaged)} damaged{unchecked}")
+    catalog = " and the catalog" if catalog_checked else ""
+    print(f"verified {report.artifacts} artifacts, {report.files} files{catalog}: {len(report.damaged)} damaged{unchecked}")
     if args.repair and report.damaged:
         for moved in repair(store, report.damaged):
             print(f"moved {moved.stage} {moved.version} aside to {moved.folder}: the next `pforge run` of a config "
                   "that plans it rebuilds it")
+        if catalog_damage:
+            print(f"rebuilt {store.catalog.disk_path} from the manifests")
     return 1 if report.damaged else 0  # 1 even once repaired: damage was found
 
 
 def _verify_targets(store, args) -> list | None:
-    """What `pforge verify` checks: the artifact named, the built versions a config plans, or
-    None (every committed version)."""
+    """The (stage, version) pairs `pforge verify` checks: the artifact named, the versions a config
+    plans (those built), or None (every version of the store)."""
     if args.artifact:
-        return [store.find(args.artifact)]
+        artifact = store.find(args.artifact)
+        return [(artifact.stage, artifact.version)]
     if args.config:
         from flows.registry import plan_for
 
         plan = plan_for(load_config(args.config))
-        planned = sorted({(stage.artifact, plan.planned_version(stage.name)) for stage in plan})
-        return [artifact for artifact in (store.get(*key) for key in planned) if artifact is not None]
+        return sorted({(stage.artifact, plan.planned_version(stage.name)) for stage in plan})
     return None
 
 

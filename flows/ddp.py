@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.config import load_config
     import torch
 
-    from tasks.dense.models import resolve_device
+    from tasks.compute.device import resolve_device
 
     cfg = load_config(args.config)
     plan = plan_for(cfg)

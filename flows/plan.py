@@ -33,7 +33,7 @@ class PlannedStage:
 
 def planned_stages(plan: Plan, root: Path) -> list[PlannedStage]:
     """Every stage of `plan` in run order, with its planned version and its state under `root`."""
-    store = ArtifactStore(root, create=False) if root.is_dir() else None
+    store = ArtifactStore(root, create=False) if root.exists() else None  # a file: refused
 
     def present(artifact: str, version: str) -> bool:
         return store is not None and store.get(artifact, version) is not None

@@ -338,7 +338,8 @@ class _Searcher:
 
     def _dense(self, runs: Artifact, question: str, k: int) -> pa.Table:
         from tasks.dense import faiss_index
-        from tasks.dense.stages import EncodeSettings, Origin
+        from tasks.compute.encode import EncodeSettings
+        from tasks.compute.origin import Origin
 
         params = runs.manifest["parameters"]
         stage = self.planned.get((runs.stage, runs.version))

@@ -1,4 +1,4 @@
-"""A `pforge run` whose Prefect server dies under it stops at once, with one line.
+"""A `pforge run` (or `refresh`) whose Prefect server dies under it stops at once, with one line.
 
 Without the server nothing fails where the run can see it: Prefect's client retries each API call
 for minutes, its log and event workers print each failure on the terminal and drop it, and the run

@@ -10,11 +10,12 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from storage.atomic import atomic_dir
 
 
 @dataclass(frozen=True)
@@ -122,18 +123,11 @@ def _build_cached(alias: str, spec: PackagedCheckpoint, files: list[Path]) -> Pa
         if spec.sha256 is not None and (actual := _sha256(files)) != spec.sha256:
             raise ValueError(f"{alias!r}: the installed files have SHA-256 {actual}, expected "
                              f"{spec.sha256}; reinstall: {spec.install}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
         try:
-            spec.build(files, work)
-            work.rename(target)
+            atomic_dir(target, lambda work: spec.build(files, work), replace=False)
         except OSError:
-            shutil.rmtree(work, ignore_errors=True)
             if not target.is_dir():  # not a concurrent build that finished first: a real failure
                 raise
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
     return _model_folder(target)
 
 

@@ -8,10 +8,7 @@ order, reproducible for a seed. CTranslate2's `scores` under sampling with `retu
 exactly that mean (length_penalty 1 divides the summed log-probabilities, EOS included, by the
 token count); tests/test_ctranslate2_generator.py holds it to the torch model's scoring.
 
-Choosing a runtime (`resolve_runtime`) happens when a run is planned, so the version hashes the
-runtime that will run: 'auto' is llama.cpp int8 (models/llamacpp_generator.py) on a CPU for a
-Llama-family causal model when llama_cpp imports, else CTranslate2 int8 when ctranslate2 does,
-else torch (CUDA keeps torch: its batched fp32 path is the measured one there).
+Which runtime generates ('auto') is chosen in models/generator_runtime.py.
 """
 from __future__ import annotations
 
@@ -20,13 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from models.generator import Passage, QueryGenerator, questions_from_samples
+from models.threads import kept_torch_threads
 
-RUNTIMES = ("auto", "torch", "ctranslate2", "llamacpp")
-COMPUTE_TYPES = ("auto", "int8", "float32", "bfloat16")
 #: model_type values (config.json) whose decoder CTranslate2's Llama loader converts
 LLAMA_FAMILY = frozenset({"llama"})
-#: packaged aliases (models/checkpoints.py) and their model_type, known without building them
-ALIAS_MODEL_TYPES = {"smollm2": "llama"}
 
 
 def ctranslate2_available() -> bool:
@@ -35,51 +29,6 @@ def ctranslate2_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def model_type_of(generator: str) -> str | None:
-    """config.json's model_type of an alias or a local folder; None when unknown without loading
-    (a hub name)."""
-    if generator.lower() in ALIAS_MODEL_TYPES:
-        return ALIAS_MODEL_TYPES[generator.lower()]
-    config = Path(generator) / "config.json"
-    if config.is_file():
-        return json.loads(config.read_text()).get("model_type")
-    return None
-
-
-def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, device: str) -> tuple[str, str]:
-    """The (runtime, compute_type) a generation runs with: 'auto' resolved for this machine and
-    model. torch always computes in float32; CTranslate2 defaults to int8, llama.cpp to q8_0, or to
-    bf16 where both the CPU and the llama.cpp build multiply bf16 in hardware."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"qgen.generate.runtime must be one of {RUNTIMES}, got {runtime!r}")
-    if compute_type not in COMPUTE_TYPES:
-        raise ValueError(f"qgen.generate.compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}")
-    if runtime == "auto":
-        runtime = "torch"
-        if device == "cpu" and kind in ("auto", "causal") and model_type_of(generator) in LLAMA_FAMILY:
-            from models.llamacpp_generator import llamacpp_available
-
-            # measured on the EPYC: llama.cpp q8_0 1.4x CTranslate2 int8 (docs/benchmarks.md)
-            if llamacpp_available():
-                runtime = "llamacpp"
-            elif ctranslate2_available():
-                runtime = "ctranslate2"
-    if runtime == "torch":
-        if compute_type not in ("auto", "float32"):
-            raise ValueError(f"qgen.generate.compute_type {compute_type!r} needs runtime llamacpp or ctranslate2 "
-                             "(torch generates in float32)")
-        return "torch", "float32"
-    if runtime == "ctranslate2" and compute_type == "bfloat16":
-        raise ValueError("qgen.generate.compute_type bfloat16 needs runtime llamacpp (CTranslate2 has no bf16 on the CPU)")
-    if compute_type == "auto":
-        from models.llamacpp_generator import llamacpp_bf16_in_hardware
-
-        # llama.cpp bf16: 4.60x the plain loop on a Zen 5 EPYC against q8_0's 2.96x, its questions' quality as
-        # q8_0's over two seeds (docs/benchmarks.md); emulated, and slow, without AVX-512 bf16
-        return runtime, "bfloat16" if runtime == "llamacpp" and llamacpp_bf16_in_hardware() else "int8"
-    return runtime, compute_type
 
 
 def convert(source: str | Path, compute_type: str) -> Path:
@@ -159,7 +108,7 @@ class CT2QueryGenerator:
         if base.kind != "causal":
             raise ValueError("the ctranslate2 runtime generates with causal models only")
         self.base, self.compute_type, self.device = base, compute_type, device
-        # the project's one thread count (tasks/threads.py): torch's, in the calling thread
+        # the project's one thread count (models/threads.py): torch's, in the calling thread
         self.threads = threads or torch.get_num_threads()
         self.model_dir = str(model_dir)
         self._ct2 = ctranslate2
@@ -209,16 +158,6 @@ class CT2QueryGenerator:
                 include_prompt_in_result=False, end_token=[tok.eos_token_id], return_end_token=True,
                 return_scores=True, length_penalty=1.0)  # scores: summed log-probs / token count
         return [[(list(ids), float(score)) for ids, score in zip(r.sequences_ids, r.scores)] for r in out]
-
-
-def kept_torch_threads():
-    """CTranslate2 sets OpenMP's thread count in the thread that calls it: torch's count there
-    (every later encode's, tasks/threads.py) is restored afterwards."""
-    import torch
-
-    from tasks.threads import pinned_threads
-
-    return pinned_threads(torch.get_num_threads())
 
 
 def load_ct2_generator(base: QueryGenerator, source: str, compute_type: str, device: str = "cpu",

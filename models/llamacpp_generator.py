@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from models.generator import Passage, QueryGenerator, questions_from_samples
+from models.threads import kept_torch_threads
 
 #: llama.cpp holds at most this many sequences in one context (LLAMA_MAX_SEQ)
 MAX_SEQUENCES = 256
@@ -200,7 +201,7 @@ class LlamaCppQueryGenerator:
         if base.kind != "causal":
             raise ValueError("the llamacpp runtime generates with causal models only")
         self.base, self.compute_type, self.path = base, compute_type, str(gguf_path)
-        # the project's one thread count (tasks/threads.py): torch's, in the calling thread
+        # the project's one thread count (models/threads.py): torch's, in the calling thread
         self.threads = threads or torch.get_num_threads()
         llama_cpp._logger.set_verbose(False)  # llama.cpp's load report goes to stderr otherwise
         llama_cpp.llama_backend_init()
@@ -224,8 +225,6 @@ class LlamaCppQueryGenerator:
                  device=None, progress: Callable[[int, int], None] | None = None) -> list[list[tuple[str, float]]]:
         """As `QueryGenerator.generate` (CPU only: `device` is ignored). Batches of at most
         `batch_size` prompts (and MAX_SEQUENCES samples) run longest prompt first."""
-        from models.ct2_generator import kept_torch_threads
-
         tok = self.tokenizer
         ids = self.base.prompt_ids(passages, max_source_len)
         results: list[list[tuple[str, float]]] = [[] for _ in ids]

@@ -6,7 +6,7 @@ A tower (transformer, pooling, projection, normalisation: exactly `encode_query`
 batch and sequence axes), checked against torch at a batch size and length other than the traced
 example, optionally quantised with `onnxruntime.quantization.quantize_dynamic`, and cached per
 weights (models/runtime_cache.py). Sessions run on the CPU with torch's intra-op thread count, so
-the project's one-thread-count rule (tasks/threads.py) holds for ORT too.
+the project's one-thread-count rule (models/threads.py) holds for ORT too.
 
 int8: QInt8 weights, per-channel scales, reduce_range (7-bit weights). ORT's dynamic int8 MatMul
 multiplies u8 activations by s8 weights; on CPUs without VNNI (AVX2 only, as the AMD EPYCs here)

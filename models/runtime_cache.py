@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Callable
 
+from storage.atomic import atomic_dir
 from storage.fsutil import remove_tree
 from storage.locks import file_lock
-from tasks.file_identity import file_sha256
+from storage.file_identity import file_sha256
 
 CACHE_ENV = "PFORGE_RUNTIME_CACHE"
 DONE = ".complete"  # written last inside a conversion: its presence means the folder is whole
@@ -53,15 +53,12 @@ def cached_conversion(source: Path, kind: str, settings: dict, build: Callable[[
             return final
         if final.exists():  # a conversion that died before its marker
             remove_tree(final)
-        tmp = final.parent / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        try:
+
+        def convert(tmp: Path) -> None:
             build(tmp)
             (tmp / "conversion.json").write_text(json.dumps({"source": str(source), "kind": kind, "settings": settings},
                                                             indent=2, sort_keys=True) + "\n")
             (tmp / DONE).write_text("")
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                remove_tree(tmp)
+
+        atomic_dir(final, convert)
     return final

@@ -63,3 +63,11 @@ class WithThreads:
     def __call__(self, spec: Any) -> Any:
         with pinned_threads(self.threads):
             return self.compute(spec)
+
+
+def kept_torch_threads():
+    """A library that sets OpenMP's thread count in the thread that calls it (CTranslate2,
+    llama.cpp) leaves torch's count there as it was before the block."""
+    import torch
+
+    return pinned_threads(torch.get_num_threads())

@@ -38,7 +38,7 @@ import secrets
 import shutil
 import tempfile
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -46,8 +46,10 @@ from typing import Iterator
 import duckdb
 import pyarrow as pa
 
+from .atomic import atomic_path
+from .digests import write_sidecar
 from .fsutil import fsync_dir
-from .hashing import canonical_json
+from .hashing import canonical_json, file_sha256
 from .locks import file_lock
 from .manifest import parse_created_at
 from .paths import CATALOG_FILE, CATALOG_LOCK
@@ -235,21 +237,25 @@ class Catalog:
     # -- rebuilding -------------------------------------------------------------------------
     def rebuild(self, committed: Committed) -> None:
         """Write a new catalog for `committed` (as scanned from disk) and swap it in atomically."""
-        tmp = self.root / f".catalog-{os.getpid()}-{secrets.token_hex(4)}.duckdb"
+        tmp = self.root / f".catalog-{os.getpid()}-{secrets.token_hex(4)}.duckdb"  # what remove_leftovers finds
         try:
             try:
-                self._write(tmp, committed)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
+                with atomic_path(self.disk_path, tmp=tmp):
+                    self._write(tmp, committed)
+                    # `pforge verify` checks the file against its sidecar: while the new one is
+                    # renamed in, either may be in place (its temporary is one remove_leftovers finds)
+                    new = file_sha256(tmp)
+                    old = [file_sha256(self.disk_path)] if self.disk_path.is_file() else []
+                    write_sidecar(self.disk_path, [*old, new], tmp=tmp.with_name(tmp.name + ".sha256.part"))
             except (duckdb.Error, OSError) as exc:
                 # A full disk surfaces as a DuckDB FatalException (which invalidates that database:
                 # it was a temporary one, dropped below) or IOException: the catalog in place stays.
                 raise write_error(self.root, "writing the catalog", exc) from exc
-            os.replace(tmp, self.disk_path)
-            fsync_dir(self.root)
         finally:
-            _remove_database(tmp)
+            _remove_database(tmp)  # and its WAL
         Path(f"{self.disk_path}.wal").unlink(missing_ok=True)  # a WAL of a replaced file would be replayed onto the new one
+        with suppress(OSError):  # the catalog is in place: the sidecar above still holds its digest
+            write_sidecar(self.disk_path, [new], tmp=tmp.with_name(tmp.name + ".sha256.part"))
 
     def _write(self, tmp: Path, committed: Committed) -> None:
         con = duckdb.connect(str(tmp))
@@ -298,11 +304,11 @@ class Catalog:
         tmp = self._private_dir / f".catalog-{secrets.token_hex(4)}.duckdb"
         try:
             try:
-                self._write(tmp, committed)
+                with atomic_path(target, tmp=tmp):  # a reader's connection keeps the file it opened
+                    self._write(tmp, committed)
             except (duckdb.Error, OSError) as exc:
                 raise write_error(self._private_dir, f"writing a private catalog for the read-only root {self.root}",
                                   exc) from exc
-            os.replace(tmp, target)  # a reader's connection keeps the file it opened
         finally:
             _remove_database(tmp)
         return target

@@ -1,9 +1,11 @@
-"""Content identity of input files, so a changed input file gives a new artifact version."""
+"""Content identity of input files, so a changed input file gives a new artifact version. Planning
+asks for the same input files many times: the digest is kept per (path, size, mtime)."""
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
+
+from storage import hashing
 
 
 def file_sha256(path: Path) -> str:
@@ -13,8 +15,4 @@ def file_sha256(path: Path) -> str:
 
 @lru_cache(maxsize=64)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:  # size/mtime key the cache only
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hashing.file_sha256(path)

@@ -15,18 +15,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every file, then every directory bottom-up (entries after contents)."""
     for dirpath, _dirs, files in os.walk(root, topdown=False):
         for f in files:
             p = os.path.join(dirpath, f)
-            if os.path.islink(p):
-                continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if not os.path.islink(p):
+                fsync_file(p)
         fsync_dir(Path(dirpath))
 
 
@@ -40,21 +43,6 @@ def tree_bytes(root: Path) -> int:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or keeps what it held: written beside it, fsynced, renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
 
 
 def read_only_reason(folder: Path) -> str | None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .atomic import atomic_write
+from .digests import sidecar_of, write_sidecar
 from .fsutil import tree_bytes
 from .hashing import file_sha256
 from .parquet import parquet_columns, parquet_rows, table_dir, table_files
 
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = sidecar_of(Path(MANIFEST)).name  # what guards the manifest itself: `pforge verify`
 RESERVED_KEYS = {"stage", "version", "code_version", "parameters", "inputs", "tables",
                  "bytes", "rows", "timings", "created_at", "files"}
 
@@ -49,7 +51,7 @@ def describe_files(build_dir: Path) -> dict:
     files = {}
     for path in sorted(build_dir.rglob("*")):
         relative = path.relative_to(build_dir).as_posix()
-        if relative in (MANIFEST, MANIFEST + ".part") or path.is_symlink() or not path.is_file():
+        if relative in (MANIFEST, MANIFEST + ".part", MANIFEST_DIGEST) or path.is_symlink() or not path.is_file():
             continue
         stat = path.stat()
         # mtime_ns: a cache hit re-reads a file only when it was written since (storage/verify.py)
@@ -84,21 +86,22 @@ def build_manifest(build_dir: Path, *, stage: str, version: str, code_version: s
 
 
 def write_manifest(build_dir: Path, manifest: dict) -> None:
-    path = build_dir / MANIFEST
-    tmp = build_dir / (MANIFEST + ".part")
-    with open(tmp, "w", encoding="utf-8") as f:
+    # the temporary's name is one describe_files leaves out
+    with atomic_write(build_dir / MANIFEST, "w", tmp=build_dir / (MANIFEST + ".part")) as f:
         json.dump(manifest, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # its own digest beside it (it cannot hold it): a flipped byte in it is found too
+    write_sidecar(build_dir / MANIFEST, [file_sha256(build_dir / MANIFEST)])
 
 
 def read_manifest(version_dir: Path) -> dict | None:
     try:
         with open(version_dir / MANIFEST, encoding="utf-8") as f:
-            return json.load(f)
+            manifest = json.load(f)
     except FileNotFoundError:
         return None
+    except ValueError:  # a damaged one (not UTF-8 JSON) makes no version: `pforge verify` names it
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def parse_created_at(value: str) -> datetime:
@@ -109,5 +112,5 @@ def parse_created_at(value: str) -> datetime:
     return dt
 
 
-__all__ = ["MANIFEST", "build_manifest", "describe_files", "describe_tables", "read_manifest", "write_manifest",
+__all__ = ["MANIFEST", "MANIFEST_DIGEST", "build_manifest", "describe_files", "describe_tables", "read_manifest", "write_manifest",
            "parse_created_at", "table_dir"]

@@ -12,6 +12,8 @@ CATALOG_LOCK = ".catalog.lock"
 TMP_PREFIX = ".tmp-"      # in-progress builds: .tmp-<version>-<pid>-<random>
 TRASH_PREFIX = ".trash-"  # gc renames here first so a removed version vanishes atomically
 DAMAGED_PREFIX = ".damaged-"  # `pforge verify --repair` moves a damaged version here, kept for inspection
+IMPORT_PREFIX = ".import-"    # `pforge import` unpacks an archive here, under the root
+IMPORT_LOCK = ".import.lock"  # held by an import while it runs: a free one means such a folder is a leftover
 
 
 def resolve_root(cli_root: str | None = None) -> Path:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .atomic import atomic_path, atomic_write_text
 
 #: runner(fn, calls, names): runs fn(*call) for each call (names label them, e.g. in the UI) and
 #: yields each call's index as it finishes; a failed call raises.
@@ -37,10 +37,9 @@ def shard_path(work: Path, index: int) -> Path:
 
 
 def write_shard(path: Path, table: pa.Table) -> Path:
-    # pid and thread in the name: shards of one build may be written by threads of one process
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)  # a shard is there whole or not at all
+    # a unique temporary: shards of one build may be written by threads of one process
+    with atomic_path(path) as tmp:  # a shard is there whole or not at all
+        pq.write_table(table, tmp)
     return path
 
 
@@ -90,9 +89,7 @@ def _adopt_plan(work: Path, specs: int | Sequence[Any], label: str, extra: Any =
                        "recomputing them", label, len(stale), work)
         for f in stale:
             f.unlink()
-    tmp = plan.with_name(f".{PLAN}.{os.getpid()}.{threading.get_ident()}.part")
-    tmp.write_text(fingerprint)
-    os.replace(tmp, plan)
+    atomic_write_text(plan, fingerprint)
 
 
 def build_shards(work: Path, shards: int | Sequence[Any], compute: Callable[[Any], pa.Table],

@@ -31,11 +31,12 @@ import pyarrow as pa
 from . import paths
 from .artifact import Artifact
 from .catalog import Catalog, StoreWriteError, fingerprint, is_disk_full, parse_json_columns, row_from_manifest, write_error
-from .fsutil import fsync_dir, fsync_tree, read_only_reason, remove_tree
+from .atomic import atomic_dir
+from .fsutil import read_only_reason, remove_tree
 from .hashing import canonical_json, normalize, version_for
 from .locks import file_lock
 from .manifest import MANIFEST, build_manifest, parse_created_at, read_manifest, write_manifest
-from .verify import refuse_damaged
+from .verify import refuse_damaged, unreadable_manifest
 
 BuildFn = Callable[[Path], "dict | None"]
 Progress = Callable[[str], Any]
@@ -56,9 +57,17 @@ class ReadOnlyStoreError(StoreWriteError):
 def require_writable_root(root: Path) -> None:
     """Refuse a root this process cannot write (or cannot make, when it is missing) with
     ReadOnlyStoreError, before a writer touches it; opens nothing and creates nothing."""
+    if root.exists() and not root.is_dir():
+        raise not_a_store(root)
     reason = read_only_reason(root)
     if reason is not None:
         raise ReadOnlyStoreError(root, reason)
+
+
+def not_a_store(root: Path) -> MissingStoreError:
+    what = "it is a file, not a folder" if root.exists() else "the folder does not exist"
+    return MissingStoreError(f"{root}: no artifact store there ({what}); check --root or "
+                             f"${paths.ENV_HOME}, or build one with `pforge run`")
 
 
 class ArtifactStore:
@@ -90,14 +99,12 @@ class ArtifactStore:
                 commands that write open the store with. Without it such a root opens read-only.
 
         Raises:
-            MissingStoreError: `create=False` and `root` is not a folder.
+            MissingStoreError: `root` is a file, or `create=False` and it is not a folder.
             ReadOnlyStoreError: `writable` and the root is read-only, or it is missing and cannot be made.
         """
         self.root = Path(root).expanduser().resolve()
-        if not create and not self.root.is_dir():
-            what = "it is a file, not a folder" if self.root.exists() else "the folder does not exist"
-            raise MissingStoreError(f"{self.root}: no artifact store there ({what}); check --root or "
-                                    f"${paths.ENV_HOME}, or build one with `pforge run`")
+        if (not create or self.root.exists()) and not self.root.is_dir():  # a file is never one
+            raise not_a_store(self.root)
         self.read_only_reason = read_only_reason(self.root)  # None: writable
         self.read_only = self.read_only_reason is not None
         if self.read_only and (writable or not self.root.is_dir()):
@@ -155,6 +162,11 @@ class ArtifactStore:
                     if held:  # no live builder holds this version: the dir is a leftover
                         remove_tree(child)
                         removed.append(child)
+        if any(self.root.glob(paths.IMPORT_PREFIX + "*")):  # a killed `pforge import`'s unpacked archive
+            with file_lock(self.root / paths.IMPORT_LOCK, blocking=False) as held:
+                for child in self.root.glob(paths.IMPORT_PREFIX + "*") if held else ():
+                    remove_tree(child)
+                    removed.append(child)
         return removed
 
     def reconcile(self, force: bool = False) -> bool:
@@ -356,9 +368,8 @@ class ArtifactStore:
             if final.exists():  # not ours and not committed: cannot happen via rename; clear it
                 remove_tree(final)
             say(f"building {stage}/{version}")
-            tmp = paths.new_tmp_dir(self.root, stage, version)
-            tmp.mkdir(parents=True)
-            try:
+
+            def build_into(tmp: Path) -> tuple[dict, float]:
                 t0 = time.perf_counter()
                 extra = build(tmp)
                 build_s = time.perf_counter() - t0
@@ -366,15 +377,21 @@ class ArtifactStore:
                                           parameters=params_n, inputs=input_recs, build_s=build_s,
                                           extra=normalize(extra) if extra else None)
                 write_manifest(tmp, manifest)
-                fsync_tree(tmp)
-                os.rename(tmp, final)
+                return manifest, build_s
+
+            try:
+                # the temporary's name is the one cleanup() knows (paths.tmp_dir_version)
+                manifest, build_s = atomic_dir(final, build_into, tmp=paths.new_tmp_dir(self.root, stage, version),
+                                               replace=False)
             except BaseException as exc:
-                remove_tree(tmp)
+                # renamed in, only syncing its folder entry failed: withdrawn, as a failed registration is
+                renamed = not isinstance(exc, FileExistsError) and final.exists()
+                if renamed:
+                    self._withdraw(final)
                 if isinstance(exc, Exception) and is_disk_full(exc):
-                    raise write_error(self.root, f"building {stage}", exc) from exc
+                    raise write_error(self.root, f"{'committing' if renamed else 'building'} {stage}", exc) from exc
                 raise
             try:
-                fsync_dir(final.parent)
                 # Still under the version lock: a waiting writer sees the catalog row when it wakes.
                 self.register(manifest, final)
             except Exception as exc:
@@ -415,6 +432,8 @@ class ArtifactStore:
         --repair`) rather than serving it or silently building over it, since the damage may be
         worth a look. Sizes only, one stat per file: a cache hit stays fast (digests are verify's)."""
         art = self._load(stage, version, cache_hit=True)
+        if art is None:  # its manifest.json is there, but does not parse or names another version
+            raise unreadable_manifest(stage, version, paths.version_dir(self.root, stage, version))
         refuse_damaged(art)
         # Heal a commit whose catalog rebuild was lost (crash after rename) without a reopen.
         if (stage, version) not in self._index:

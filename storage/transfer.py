@@ -17,10 +17,12 @@ import tempfile
 from pathlib import Path
 
 from .artifact import Artifact
-from .fsutil import write_text_atomically
+from .atomic import atomic_write, atomic_write_text
 from .hashing import file_sha256 as sha256_of  # the archive's digest, as the description records it
 from .hashing import normalize
-from .manifest import MANIFEST, RESERVED_KEYS, read_manifest
+from .locks import file_lock
+from .manifest import MANIFEST, MANIFEST_DIGEST, RESERVED_KEYS, read_manifest
+from .paths import IMPORT_LOCK, IMPORT_PREFIX
 from .store import ArtifactStore
 
 ARCHIVE_SUFFIX = ".tar.gz"
@@ -41,9 +43,9 @@ def export_artifact(store: ArtifactStore, artifact: Artifact, folder: Path) -> P
     folder.mkdir(parents=True, exist_ok=True)
     name = export_name(artifact.stage, artifact.version)
     archive = folder / f"{name}{ARCHIVE_SUFFIX}"
-    part = folder / f".{name}{ARCHIVE_SUFFIX}.part"
-    try:
-        with tarfile.open(part, "w:gz") as tar:
+    part = folder / f".{name}{ARCHIVE_SUFFIX}.part"  # gzip records this name in the archive's header
+    with atomic_write(archive, tmp=part) as out:
+        with tarfile.open(part, "w:gz", fileobj=out) as tar:
             for path in sorted(artifact.path.rglob("*")):
                 if path.is_file():   # a fixed order and no owner or time: the same artifact gives the same bytes
                     info = tar.gettarinfo(str(path), arcname=str(path.relative_to(artifact.path)))
@@ -52,15 +54,12 @@ def export_artifact(store: ArtifactStore, artifact: Artifact, folder: Path) -> P
                     info.mtime = 0
                     with open(path, "rb") as f:
                         tar.addfile(info, f)
-        part.replace(archive)
-    finally:
-        part.unlink(missing_ok=True)
     lineage = [{k: v for k, v in row.items() if k != "path"} for row in store.lineage(artifact.stage, artifact.version)]
     description = {"stage": artifact.stage, "version": artifact.version, "archive": archive.name,
                    "sha256": sha256_of(archive), "bytes": archive.stat().st_size,
                    "rows": artifact.manifest.get("rows"), "lineage": lineage}
     path = folder / f"{name}{DESCRIPTION_SUFFIX}"
-    write_text_atomically(path, json.dumps(description, indent=1, sort_keys=True, default=str) + "\n")
+    atomic_write_text(path, json.dumps(description, indent=1, sort_keys=True, default=str) + "\n")
     return path
 
 
@@ -104,7 +103,9 @@ def import_artifact(store: ArtifactStore, description_path: Path) -> Artifact:
         raise TransferError(f"{archive}: SHA-256 {actual[:16]}... differs from {description['sha256'][:16]}... that "
                             f"{description_path.name} records: the archive is damaged or was changed")
     store.require_writable()
-    with tempfile.TemporaryDirectory(dir=store.root, prefix=".import-") as tmp:
+    # Held while the archive is unpacked under the root: a store that opens meanwhile keeps the
+    # folder (one it finds with the lock free is a killed import's, and goes: ArtifactStore.cleanup).
+    with file_lock(store.root / IMPORT_LOCK), tempfile.TemporaryDirectory(dir=store.root, prefix=IMPORT_PREFIX) as tmp:
         unpacked = Path(tmp) / "artifact"
         with tarfile.open(archive, "r:gz") as tar:
             tar.extractall(unpacked, members=_plain_members(tar, archive))
@@ -125,7 +126,7 @@ def import_artifact(store: ArtifactStore, description_path: Path) -> Artifact:
 
         def copy(out: Path) -> dict:
             for item in unpacked.iterdir():
-                if item.name != MANIFEST:
+                if item.name not in (MANIFEST, MANIFEST_DIGEST):  # the commit writes both anew
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
             return extras   # its own timings (the build that made it) and stats travel with it
 

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from tasks.bm25.stages import BM25Config
 from tasks.chunking.stages import ChunkConfig
-from tasks.dense.stages import DenseModelConfig, EncodeConfig, FaissConfig
+from tasks.compute.encode import EncodeConfig
+from tasks.dense.stages import DenseModelConfig, FaissConfig
 from tasks.evaluation.stages import EvalConfig
 from tasks.model_refs import check_model_reference
 from tasks.fusion.stages import FusionConfig, HybridConfig

@@ -6,7 +6,7 @@ shows in the UI.
 
 The runner says where, never what: it is a RUNTIME field of every sharded stage's params (no
 version changes with it). Every shard computes with one torch intra-op thread count (`intra_op_threads`,
-tasks/threads.py), here or in any worker, so on one machine the shards' bytes are the same whichever
+models/threads.py), here or in any worker, so on one machine the shards' bytes are the same whichever
 runner computed them (tests/test_dask_runner.py); `runner_stats` records it in the artifact's stats.
 Dask workers on other machines need the artifact store's folder at the same path (the models they
 load and the work folder they write shards into).
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from storage.shards import Runner, build_shards
 from tasks.progress import report
-from tasks.threads import WithThreads, resolve_threads
+from models.threads import WithThreads, resolve_threads
 
 # tcp://host:8786, tls://..., or host:port (Dask's own forms)
 _ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss|inproc)://\S+|[^\s:/]+:\d+)$")

@@ -258,3 +258,39 @@ def test_a_refresh_of_a_config_without_a_dump_asks_for_one(tmp_path, capsys):
     assert main(["--root", str(root), "refresh", "configs/nfcorpus.yaml"]) == 2
     _one_error(capsys, "no dump to refresh from", "--dump")
     assert not root.exists()
+
+
+@pytest.mark.parametrize("argv", [["run", "configs/tiny.yaml"], ["refresh", "configs/tiny.yaml"], ["plan", "configs/tiny.yaml"],
+                                  ["import", "numbers-0123.json"], ["verify"], ["verify", "--repair"]])
+def test_a_file_is_no_store_for_writers_and_plan_either(tmp_path, capsys, argv):
+    (tmp_path / "f").write_text("x")
+    assert main(["--root", str(tmp_path / "f"), *argv]) == 2
+    _one_error(capsys, f"{tmp_path / 'f'}: no artifact store there (it is a file, not a folder)")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize("command, module, flow", [("run", "flows.pipeline", "pipeline"),
+                                                   ("refresh", "flows.refresh", "corpus_refresh")])
+def test_the_flows_that_start_a_prefect_server_run_under_its_watchdog(tmp_path, capsys, monkeypatch, command, module, flow):
+    """A dead server stops them in one line (flows/server_watchdog.py; tests/test_server_death.py runs it)."""
+    import contextlib
+    import sys
+    import types
+
+    watched = []
+
+    @contextlib.contextmanager
+    def watchdog(*_a, **_k):
+        watched.append("on")
+        yield
+        watched.append("off")
+
+    def started(**_kwargs):
+        watched.append("flow")
+        return {} if command == "run" else {"up_to_date": True, "dump": "d"}
+
+    monkeypatch.setattr("flows.server_watchdog.stopping_if_the_server_dies", watchdog)
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{flow: started}))
+    dump = ["--dump", "https://example.invalid/enwiki-{date}.xml.bz2"] if command == "refresh" else []
+    assert main(["--root", str(tmp_path / "store"), command, "configs/tiny.yaml", *dump]) == 0, capsys.readouterr().err
+    assert watched == ["on", "flow", "off"]

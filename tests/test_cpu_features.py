@@ -3,8 +3,11 @@ or the GPU bf16, fp32 elsewhere; resolved when a run is planned, so a version ha
 import pytest
 
 from models import cpu_features
-from tasks.dense.stages import EncodeConfig, EncodeParams, EncodeSettings, Origin
-from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams, ScoringSettings
+from tasks.compute.encode import EncodeConfig, EncodeSettings
+from tasks.compute.origin import Origin
+from tasks.compute.score import ScoringSettings
+from tasks.dense.stages import EncodeParams
+from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams
 
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 XEON = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"

@@ -9,7 +9,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from models import ct2_generator
-from models.ct2_generator import CT2QueryGenerator, convert, load_ct2_generator, resolve_runtime
+from models.ct2_generator import CT2QueryGenerator, convert, load_ct2_generator
+from models.generator_runtime import resolve_runtime
 from models.generator import load_generator, mean_token_logprobs, question_key
 from models.llamacpp_generator import llamacpp_available
 from tests.test_generator import PASSAGES, word_tokenizer
@@ -202,7 +203,7 @@ def test_length_batches_keep_prompt_lengths_close():
 
 def test_generation_leaves_torchs_thread_count_alone(llama):
     """CTranslate2 sets the OpenMP thread count of the thread that calls it: torch's count (and
-    so every later encode in this thread, tasks/threads.py) is as it was after generating."""
+    so every later encode in this thread, models/threads.py) is as it was after generating."""
     gen = load_ct2_generator(load_generator(str(llama)), str(llama), "float32", threads=1)
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -11,12 +11,14 @@ import pytest
 
 from storage import ArtifactStore
 from storage.shards import PLAN, plan_fingerprint, read_rows, shard_path
+from tasks.compute.encode import EncodeSettings
+from tasks.compute.origin import Origin
 from tasks.config import ConfigError, load_config
-from tasks.dense.stages import EncodeParams, EncodeSettings, Origin, _renamed, build_encode
+from tasks.dense.stages import EncodeParams, _renamed, build_encode
 from tasks.engine import NoParams, Stage, run_stage
 from tasks.runners import RunnerConfig, run_shards
-from tasks.threads import ENV as THREADS_ENV
-from tasks.threads import resolve_threads
+from models.threads import ENV as THREADS_ENV
+from models.threads import resolve_threads
 
 # No flush_denormals here: torch.set_flush_denormal sets the calling thread's MXCSR only, so the
 # local runner (shards in this thread) would flush subnormals that the threads runner's pool
@@ -225,8 +227,8 @@ def _mining_store(root):
 
     from storage.parquet import write_table
     from storage.shards import move_shards_into, write_shard
+    from tasks.compute.search import QUERY_VECTORS
     from tasks.dense.encode import embeddings_table, query_vectors_table
-    from tasks.dense.stages import QUERY_VECTORS
 
     rng = np.random.default_rng(5)
     pids = [f"p{i}" for i in range(41)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.losses.distributed import gather_rows
-from tasks.threads import ENV as THREADS_ENV
+from models.threads import ENV as THREADS_ENV
 from tests import ddp_worker
 from tests.tiny_models import save_tiny_checkpoint
 

@@ -116,8 +116,8 @@ def test_iter_shards():
 
 def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(checkpoint):
     from models import BiEncoder
+    from tasks.compute.encode import EncodeConfig, EncodeSettings
     from tasks.dense.models import for_inference
-    from tasks.dense.stages import EncodeConfig, EncodeSettings
 
     model = BiEncoder.from_pretrained(str(checkpoint), pooling="mean", normalize=True)
     texts = [("paris", "paris is the capital city"), ("seine", "the river seine flow through paris")]
@@ -161,7 +161,7 @@ def test_encode_stage_writes_shards_that_match_one_pass(tmp_path, checkpoint):
     sharded_stats, sharded_files = build(3, "sharded")
     assert one_stats["passages"] == sharded_stats["passages"] == 11
     # the shards computed with the thread count of the process running the stage, recorded
-    from tasks.threads import resolve_threads
+    from models.threads import resolve_threads
 
     assert one_stats["intra_op_threads"] == sharded_stats["intra_op_threads"] == resolve_threads()
     assert one_stats["runner"] == "local"

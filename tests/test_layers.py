@@ -9,22 +9,11 @@ import grimp
 
 from tasks.config import PROJECT_ROOT
 
-# (importer, imported): a family's stages read another's stages. tasks.config gathers every
-# family's config section from its stages.py.
+# (importer, imported): tasks.config gathers every family's config section from its stages.py.
 KNOWN_CROSSINGS = {
-    ("tasks.chunking.stages", "tasks.readers.stages"),
     *(("tasks.config", f"tasks.{family}.stages") for family in (
         "bm25", "chunking", "dense", "evaluation", "fusion", "negatives", "pretrain", "qgen", "readers", "rerank",
         "silver", "training")),
-    ("tasks.fusion.stages", "tasks.dense.stages"),
-    ("tasks.negatives.stages", "tasks.dense.stages"),
-    ("tasks.negatives.stages", "tasks.silver.stages"),
-    ("tasks.refresh.stages", "tasks.dense.stages"),
-    ("tasks.refresh.stages", "tasks.readers.stages"),
-    ("tasks.rerank.stages", "tasks.fusion.stages"),
-    ("tasks.rerank.stages", "tasks.silver.stages"),
-    ("tasks.silver.stages", "tasks.dense.stages"),
-    ("tasks.training.stages", "tasks.dense.stages"),
 }
 
 

@@ -147,8 +147,11 @@ def test_auto_resolves_per_device_and_precision(monkeypatch, bf16_units):
 
 
 def test_the_resolved_runtime_is_hashed_where_it_changes_outputs(bf16_units):
-    from tasks.dense.stages import EncodeConfig, EncodeParams, EncodeSettings, Origin
-    from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams, ScoringSettings
+    from tasks.compute.encode import EncodeConfig, EncodeSettings
+    from tasks.compute.origin import Origin
+    from tasks.compute.score import ScoringSettings
+    from tasks.dense.stages import EncodeParams
+    from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams
 
     def encode_hash(**kw):
         settings = EncodeSettings.of(EncodeConfig(**kw))
@@ -177,7 +180,7 @@ def test_the_resolved_runtime_is_hashed_where_it_changes_outputs(bf16_units):
 
 
 def test_scorer_paths_and_their_agreement_with_torch(checkpoint, tmp_path):
-    from tasks.silver.stages import ScoringSettings, cross_encoder_on, scoring_agreement
+    from tasks.compute.score import ScoringSettings, cross_encoder_on, scoring_agreement
 
     torch.manual_seed(3)
     folder = CrossEncoderModel.from_base(str(checkpoint), max_length=32).save_pretrained(tmp_path / "ce")
@@ -196,8 +199,8 @@ def test_scorer_paths_and_their_agreement_with_torch(checkpoint, tmp_path):
 
 
 def test_a_judge_shard_scores_under_cpu_bf16_when_its_settings_say_so(checkpoint, tmp_path):
+    from tasks.compute.score import ScoreJob, ScoringSettings, cross_encoder_on
     from tasks.negatives.stages import _judge_shard
-    from tasks.silver.stages import ScoreJob, ScoringSettings, cross_encoder_on
 
     torch.manual_seed(3)
     folder = str(CrossEncoderModel.from_base(str(checkpoint), max_length=32).save_pretrained(tmp_path / "ce"))
@@ -244,7 +247,7 @@ def test_openvino_runs_the_export_at_fp32_and_bf16_near_torch(checkpoint):
 
 @pytest.mark.skipif(not openvino_available(), reason="openvino not installed")
 def test_openvino_bf16_settings_compile_bf16_and_autocast_the_training_dev_metric(checkpoint):
-    from tasks.dense.stages import EncodeSettings
+    from tasks.compute.encode import EncodeSettings
 
     model = _bi_encoder(checkpoint, shared=True, pooling="mean", normalize=True)
     settings = EncodeSettings(batch_size=2, passage_max_len=32, query_max_len=16, dtype="float32", bf16=True,

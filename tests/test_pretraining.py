@@ -444,7 +444,7 @@ def test_saved_base_checkpoint_has_no_heads_and_loads_as_a_systems_base(checkpoi
     from safetensors import safe_open
 
     from models.bi_encoder import CONFIG_NAME
-    from tasks.dense.stages import Origin
+    from tasks.compute.origin import Origin
     from tasks.pretrain.stages import save_base_checkpoint
 
     torch.manual_seed(0)

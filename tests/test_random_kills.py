@@ -18,6 +18,8 @@ evaluation's report.md and figures/*.png and the index's empty write.lock were i
 differed, and are left out:
 
 - every manifest.json: `created_at`, `timings` (build_s) and each file record's `mtime_ns` (clocks);
+- every manifest.json.sha256 (the manifest's digest, which covers those): compared as whether it
+  matches its manifest;
 - bm25_index's manifest: `stats.seconds`, `stats.index_seconds`, `stats.write_seconds` (clocks),
   and the `sha256` of its Lucene files;
 - bm25_index's Lucene files (index/* but write.lock: segments_1, _0.si, _0.fdt, ...): the same

@@ -168,6 +168,27 @@ def test_plan_shows_what_is_built_in_a_read_only_root(shared_data, tmp_path, cap
             assert rc == 0 and "0 damaged" in out, err
 
 
+def test_a_root_repaired_then_mounted_read_only_serves_what_is_left(tmp_path, capsys):
+    """`pforge verify --repair` moved a damaged version aside (into a hidden folder it keeps), then
+    the root went read-only: readers see the rest, verify passes, and the moved version is no cache hit."""
+    built = _small_store(tmp_path / "store")
+    part = next((built["first"].path / "data").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:-1] + bytes([part.read_bytes()[-1] ^ 0xFF]))
+    rc, out, _ = _cli(capsys, tmp_path / "store", "verify", "--repair")
+    assert rc == 1 and "moved numbers " in out
+    with read_only(tmp_path / "store") as root:
+        before = _tree(root)
+        rc, out, _ = _cli(capsys, root, "artifacts")
+        assert rc == 0 and [line.split()[1] for line in out.splitlines()[1:]] == [built["second"].version]
+        rc, out, _ = _cli(capsys, root, "sql", "SELECT count(*) AS n FROM numbers")
+        assert rc == 0 and out.split() == ["n", "5"]
+        rc, out, _ = _cli(capsys, root, "verify")
+        assert rc == 0 and out.startswith("verified 1 artifacts") and out.rstrip().endswith(": 0 damaged")
+        with pytest.raises(ReadOnlyStoreError):  # moved aside: not built, and nothing builds here
+            ArtifactStore(root).materialize("numbers", "1", {"n": 2}, {}, _rows(2))
+        assert _tree(root) == before
+
+
 # -- writers ------------------------------------------------------------------------------------
 def _refusal(root: Path) -> str:
     return f"pforge: error: {root}: the artifact store is read-only ("

@@ -181,9 +181,9 @@ def test_the_recall_curve_of_a_qrels_only_evaluation_is_trec_evals_recall_at_eve
         assert set(curves) == ({"s1", "s2"} if split == "dev" else {"s1", "s2", "rerank"})
         for run in runs:
             # what the evaluation reports (ir_metrics on the run's own splits), at every k
-            from tasks.evaluation.evaluate import _on_splits_run
+            from tasks.evaluation.scope import questions_of_run
 
-            _, run_gold = _on_splits_run(run, questions, gold, splits)
+            _, run_gold = questions_of_run(run, questions, gold, splits)
             table = ir_metrics(run, run_gold, splits, p_at=(), recall_at=ks, ndcg_at=(), mrr_at=()).to_pylist()
             for system in set(run.column("system").to_pylist()) & set(curves):
                 expected = [next(m["value"] for m in table if (m["system"], m["k"], m["split"]) == (system, k, split))

@@ -83,3 +83,40 @@ def test_an_archive_with_a_link_out_of_the_artifact_is_refused(exported, tmp_pat
     (tmp_path / description.name).write_text(json.dumps({**meta, "sha256": sha256_of(evil)}))
     with pytest.raises(TransferError, match="'data/escape' is not a plain file"):
         import_artifact(ArtifactStore(tmp_path / "store"), tmp_path / description.name)
+
+
+def _small_export(tmp_path):
+    import pyarrow as pa
+
+    from storage import write_table
+
+    def build(out):
+        write_table(out, pa.table({"n": [1, 2, 3]}))
+
+    source = ArtifactStore(tmp_path / "source")
+    numbers = source.materialize("numbers", "1", {"n": 3}, {}, build)
+    return numbers, export_artifact(source, numbers, tmp_path / "shared")
+
+
+def test_a_killed_imports_unpacked_folder_goes_on_the_next_open_and_nothing_lists_it(tmp_path, capsys):
+    from flows.cli import main
+    from storage.locks import file_lock
+    from storage.paths import IMPORT_LOCK
+
+    numbers, description = _small_export(tmp_path)
+    root = tmp_path / "store"
+    imported = import_artifact(ArtifactStore(root), description)
+    assert not list(root.glob(".import-*"))   # a clean import leaves none
+    assert main(["--root", str(root), "verify"]) == 0 and ": 0 damaged" in capsys.readouterr().out
+    assert imported.version == numbers.version and (imported.path / "manifest.json.sha256").is_file()
+
+    # What a SIGKILL during the unpacking leaves: its folder under the root, a manifest inside.
+    left = root / ".import-k1ll3d0"
+    (left / "artifact").mkdir(parents=True)
+    (left / "artifact" / "manifest.json").write_text('{"stage": "numbers", "version": "x"}')
+    with file_lock(root / IMPORT_LOCK):   # as while an import runs in another process: its folder stays
+        assert main(["--root", str(root), "artifacts"]) == 0 and ".import" not in capsys.readouterr().out
+        assert main(["--root", str(root), "verify"]) == 0 and "1 artifacts" in capsys.readouterr().out
+        assert left.is_dir()
+    ArtifactStore(root)   # the next open (a run's, an import's) finds it a leftover
+    assert not left.exists()

@@ -1,9 +1,12 @@
-"""File digests in the manifest, `pforge verify` and `--repair`, and the cache hit that refuses a
-damaged version. A tiny store built straight through `ArtifactStore.materialize` (no flows)."""
+"""File digests in the manifest (and the manifest's and the catalog's beside them), `pforge verify`
+and `--repair`, and the cache hit that refuses a damaged version. A tiny store built straight
+through `ArtifactStore.materialize` (no flows)."""
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,7 +14,7 @@ import pytest
 
 from flows.cli import main
 from storage import ArtifactStore, ParquetTableWriter, write_table
-from storage.manifest import MANIFEST, read_manifest, write_manifest
+from storage.manifest import MANIFEST, MANIFEST_DIGEST, read_manifest, write_manifest
 from storage.paths import DAMAGED_PREFIX
 from storage.verify import DamagedArtifactError, verify_artifact
 
@@ -60,7 +63,7 @@ def verify(root: Path, capsys, *args: str) -> tuple[int, list[str]]:
 
 
 def data_files(artifact) -> list[Path]:
-    return sorted(p for p in artifact.path.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return sorted(p for p in artifact.path.rglob("*") if p.is_file() and p.name not in (MANIFEST, MANIFEST_DIGEST))
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -93,8 +96,8 @@ def test_the_record_does_not_change_a_version(tiny):
 def test_a_clean_store_verifies_and_exits_0(tiny, capsys):
     root, _ = tiny
     code, out = verify(root, capsys)
-    files = sum(len(a.manifest["files"]) for a in tiny[1].values())
-    assert code == 0 and out == [f"verified 3 artifacts, {files} files: 0 damaged"]
+    files = sum(len(a.manifest["files"]) + 1 for a in tiny[1].values())  # and each manifest
+    assert code == 0 and out == [f"verified 3 artifacts, {files} files and the catalog: 0 damaged"]
 
 
 def test_one_flipped_byte_in_any_file_is_named_and_exits_1(tiny, capsys):
@@ -142,7 +145,7 @@ def test_a_config_verifies_the_versions_it_plans_that_are_built(tiny, capsys, mo
     config = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
     flip_byte(data_files(arts["large"])[0], 4)  # not planned: not checked
     code, out = verify(root, capsys, "--config", str(config))
-    assert code == 0 and out == [f"verified 1 artifacts, {len(arts['small'].manifest['files'])} files: 0 damaged"]
+    assert code == 0 and out == [f"verified 1 artifacts, {len(arts['small'].manifest['files']) + 1} files: 0 damaged"]
 
 
 def test_missing_and_resized_files_are_damage(tiny):
@@ -225,3 +228,124 @@ def test_a_manifest_without_digests_is_reported_unchecked_not_damaged(tiny, caps
     assert f"index {old.version}: no digests recorded (committed before they were): not checked" in out
     assert out[-1].startswith("verified 2 artifacts, ") and out[-1].endswith(": 0 damaged; 1 without digests, not checked")
     assert ArtifactStore(root).materialize("index", "1", {}, {"passages": arts["small"]}, index_build([])).cache_hit
+
+
+# -- what guards the manifest and the catalog -------------------------------------------------------
+def pristine(path: Path):
+    """Puts `path` and its sidecar back as they are now (an open that cannot read a catalog rebuilds it)."""
+    saved = {p: p.read_bytes() for p in (path, path.with_name(path.name + ".sha256"))}
+    return lambda: [p.write_bytes(raw) for p, raw in saved.items()]
+
+
+def test_the_manifest_and_the_catalog_have_their_digests_beside_them_as_sha256sum_writes_them(tiny):
+    root, arts = tiny
+    for folder, name in [(a.path, MANIFEST) for a in arts.values()] + [(root, "catalog.duckdb")]:
+        digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        assert (folder / f"{name}.sha256").read_text() == f"{digest}  {name}\n"
+    if shutil.which("sha256sum"):
+        checked = subprocess.run(["sha256sum", "-c", MANIFEST_DIGEST], cwd=arts["index"].path, capture_output=True, text=True)
+        assert checked.returncode == 0 and checked.stdout == f"{MANIFEST}: OK\n"
+    assert MANIFEST_DIGEST not in arts["index"].manifest["files"]
+
+
+def _rows_flipped(manifest: Path) -> None:
+    """One bit of the manifest's row count: JSON still, and naming its own version."""
+    raw = manifest.read_bytes()
+    at = raw.index(b'"rows": ') + len(b'"rows": ')
+    data = bytearray(raw)
+    data[at] ^= 0x01
+    manifest.write_bytes(bytes(data))
+
+
+def test_one_flipped_byte_in_a_manifest_or_its_digest_is_named_and_exits_1(tiny, capsys):
+    root, arts = tiny
+    for artifact in arts.values():
+        manifest, sidecar = artifact.path / MANIFEST, artifact.path / MANIFEST_DIGEST
+        name = f"{artifact.stage} {artifact.version}"
+        cases = [(lambda: flip_byte(manifest, 0), f"{name} {MANIFEST}: SHA-256 differs from the one {MANIFEST_DIGEST} records"),
+                 (lambda: flip_byte(manifest, manifest.stat().st_size // 2), f"{name} {MANIFEST}: SHA-256 differs"),
+                 (lambda: _rows_flipped(manifest), f"{name} {MANIFEST}: SHA-256 differs"),
+                 (lambda: flip_byte(sidecar, 10), f"{name} {MANIFEST_DIGEST}: not a record of the SHA-256 of {MANIFEST}"),
+                 (lambda: flip_byte(sidecar, sidecar.stat().st_size - 1), f"{name} {MANIFEST_DIGEST}: not a record")]
+        for damage, expected in cases:
+            restore = pristine(manifest)
+            damage()
+            code, out = verify(root, capsys)
+            assert code == 1 and len(out) == 2 and out[0].startswith(expected), out
+            assert out[-1].endswith(": 1 damaged")
+            restore()
+    assert verify(root, capsys)[0] == 0
+
+
+def test_a_damaged_manifest_refuses_the_cache_hit_in_one_line(tiny):
+    root, arts = tiny
+    manifest = arts["large"].path / MANIFEST
+    for damage in (lambda: flip_byte(manifest, 0), lambda: _rows_flipped(manifest)):  # unreadable; readable
+        restore = pristine(manifest)
+        damage()
+        calls: list = []
+        with pytest.raises(DamagedArtifactError) as caught:
+            ArtifactStore(root).materialize("passages", "1", {"n": 7}, {}, passages_build(7, calls))
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"{manifest}: SHA-256 differs from the one {MANIFEST_DIGEST}")
+        assert "pforge verify --repair" in message and calls == []
+        restore()
+    assert ArtifactStore(root).materialize("passages", "1", {"n": 7}, {}, passages_build(7, [])).cache_hit
+
+
+def test_repair_of_a_damaged_manifest_leads_the_next_build_to_make_exactly_that_version(tmp_path, capsys):
+    root, calls = tmp_path / "root", []
+    arts = build_tiny_store(root, calls)
+    flip_byte(arts["large"].path / MANIFEST, 3)
+    code, out = verify(root, capsys, "--repair")
+    assert code == 1 and out[0].startswith(f"passages {arts['large'].version} {MANIFEST}: ")
+    assert out[-1].startswith(f"moved passages {arts['large'].version} aside to ")
+    calls.clear()
+    store = ArtifactStore(root)
+    again = [store.materialize("passages", "1", {"n": n}, {}, passages_build(n, calls)) for n in (4, 7)]
+    assert calls == [7] and [a.cache_hit for a in again] == [True, False]
+    assert again[1].version == arts["large"].version
+    assert verify(root, capsys)[0] == 0
+
+
+def test_a_manifest_without_its_digest_beside_it_is_not_checked_itself(tiny, capsys):
+    root, arts = tiny
+    (arts["small"].path / MANIFEST_DIGEST).unlink()  # as committed before the manifest's digest was kept
+    code, out = verify(root, capsys)
+    files = sum(len(a.manifest["files"]) + 1 for a in arts.values()) - 1
+    assert code == 0 and out == [f"verified 3 artifacts, {files} files and the catalog: 0 damaged"]
+    assert ArtifactStore(root).materialize("passages", "1", {"n": 4}, {}, passages_build(4, [])).cache_hit
+
+
+def test_one_flipped_byte_in_the_catalog_or_its_digest_is_named_and_repair_rebuilds_it(tiny, capsys):
+    root, _ = tiny
+    catalog = root / "catalog.duckdb"
+    size = catalog.stat().st_size
+    cases = [(catalog, offset, "catalog.duckdb: SHA-256 differs from the one catalog.duckdb.sha256 records")
+             for offset in (0, 9, 4096 + 100, size // 2, size - 1)]   # magic, headers, blocks, the end
+    cases.append((root / "catalog.duckdb.sha256", 5, "catalog.duckdb.sha256: not a record of the SHA-256"))
+    for path, offset, expected in cases:
+        restore = pristine(catalog)
+        flip_byte(path, offset)
+        code, out = verify(root, capsys)
+        assert code == 1 and len(out) == 2 and out[0].startswith(expected), (offset, out)
+        restore()
+    flip_byte(catalog, size // 2)
+    code, out = verify(root, capsys, "--repair")
+    assert code == 1 and out[-1] == f"rebuilt {catalog} from the manifests"
+    assert verify(root, capsys) == (0, [out[1].replace(": 1 damaged", ": 0 damaged")])
+    assert ArtifactStore(root).sql("SELECT count(*) FROM artifacts").column(0)[0].as_py() == 3
+
+
+def test_either_catalog_a_rebuild_recorded_verifies(tiny, capsys):
+    """A rebuild records the digests of the catalog in place and of its replacement before the
+    rename, then the replacement's alone: a crash between them leaves no false alarm."""
+    root, _ = tiny
+    catalog, sidecar = root / "catalog.duckdb", root / "catalog.duckdb.sha256"
+    old_digest, old_bytes = hashlib.sha256(catalog.read_bytes()).hexdigest(), catalog.read_bytes()
+    ArtifactStore(root).reconcile(force=True)
+    assert sidecar.read_text().count("\n") == 1 and old_digest not in sidecar.read_text()
+    sidecar.write_text(f"{old_digest}  catalog.duckdb\n{sidecar.read_text()}")  # as the crash leaves it
+    assert verify(root, capsys)[0] == 0
+    catalog.write_bytes(old_bytes)  # or the other moment: the new one not yet renamed in
+    assert verify(root, capsys)[0] == 0

@@ -64,7 +64,7 @@ def _study(args):
 
 
 def _threads(args) -> int:
-    from tasks.threads import resolve_threads
+    from models.threads import resolve_threads
 
     threads = resolve_threads(args.threads)
     if threads < 1:

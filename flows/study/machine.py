@@ -42,7 +42,7 @@ def sgemm_gflops(threads: int, size: int = PROBE_SIZE, repeat: int = 5) -> float
     """The median fp32 GFLOP/s of a size x size matrix product on `threads` torch threads."""
     import torch
 
-    from tasks.threads import pinned_threads
+    from models.threads import pinned_threads
 
     a, b = torch.randn(size, size), torch.randn(size, size)
     times = []

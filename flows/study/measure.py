@@ -60,8 +60,25 @@ def measure_row(study: Study, row: Row, plan: Plan, store: ArtifactStore) -> dic
     if row.kind == "runs":
         record.update(_runs_outcomes(study, row, plan, store, artifact.read_table()))
     else:  # the classifier's report and the generated queries' quality are in their manifests' stats
-        record["details"] = artifact.manifest.get("stats") or {}
+        details = artifact.manifest.get("stats") or {}
+        curve = classifier_dev_curve(artifact.path, details.get("selected_by")) if row.kind == "classifier" else None
+        record["details"] = {**details, "dev_curve": curve} if curve else details
     return record
+
+
+def classifier_dev_curve(artifact_path: Path, selected_by: str | None = "auc") -> list[list] | None:
+    """[[step, dev AUC], ...] at each of the classifier's evaluations (a few dozen: small enough
+    for the record), from the training/history.json its artifact keeps: each evaluation's AUC, or
+    the trainer's dev_curve where AUC picked the checkpoint (the curve is the picking metric's);
+    None without them."""
+    from tasks.evaluation.figures import read_history
+
+    history = read_history(Path(artifact_path) / "training" / "history.json") or {}
+    curve = [(h["step"], h["dev_metrics"]["auc"]) for h in history.get("history") or []
+             if (h.get("dev_metrics") or {}).get("auc") is not None]
+    if not curve and selected_by in (None, "auc"):
+        curve = history.get("dev_curve") or []
+    return [[int(step), round(float(auc), OUTCOME_DIGITS)] for step, auc in curve] or None
 
 
 def _inputs(plan: Plan, store: ArtifactStore, name: str):

@@ -14,7 +14,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from storage.fsutil import write_text_atomically
+from storage.atomic import atomic_write_text
 from tasks.config import PROJECT_ROOT
 
 SCHEMA = 1
@@ -34,8 +34,8 @@ def write_questions(folder: Path, splits: dict[str, list[str]]) -> str:
     digest = question_digest(splits)
     path = folder / "questions" / f"{digest}.json"
     if not path.is_file():
-        write_text_atomically(path, json.dumps({"splits": {s: sorted(q) for s, q in sorted(splits.items())}},
-                                               indent=0) + "\n")
+        atomic_write_text(path, json.dumps({"splits": {s: sorted(q) for s, q in sorted(splits.items())}},
+                                           indent=0) + "\n")
     return digest
 
 
@@ -74,7 +74,7 @@ def record_path(folder: Path, row_name: str) -> Path:
 def write_record(folder: Path, record: dict) -> Path:
     record = {"schema": SCHEMA, "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **record}
     path = record_path(folder, record["row"])
-    write_text_atomically(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
 
 

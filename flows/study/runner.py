@@ -83,10 +83,10 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
         files.append(study.folder / "questions" / f"{questions}.json")
     if study.tables_file:   # the committed tables follow the records (a test holds them to it)
         from flows.study.tables import study_tables
-        from storage.fsutil import write_text_atomically
+        from storage.atomic import atomic_write_text
 
         tables = study.folder.parents[1] / study.tables_file
-        write_text_atomically(tables, study_tables(study))
+        atomic_write_text(tables, study_tables(study))
         files.append(tables)
     if repo is not None:
         cpu = machine.get("key", "?")

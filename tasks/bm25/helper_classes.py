@@ -11,8 +11,9 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
+
+from storage.atomic import atomic_dir
 
 logger = logging.getLogger("passage_forge")
 SOURCE = Path(__file__).resolve().parent / "java" / "forge" / "BatchSearch.java"
@@ -32,16 +33,13 @@ def helper_classes(anserini_jar: Path) -> Path | None:
     if javac is None:
         logger.warning("no javac on PATH: BM25 batch search falls back to Anserini's SearchCollection")
         return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bm25-classes-", dir=target.parent))
-    proc = subprocess.run([javac, "--release", "11", "-nowarn", "-cp", str(anserini_jar), "-d", str(tmp), str(SOURCE)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        logger.warning("javac could not build %s (falling back to SearchCollection): %s", SOURCE, proc.stderr[-2000:])
-        return None
     try:
-        os.rename(tmp, target)  # atomic: a concurrent builder's identical result may already be there
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        atomic_dir(target, lambda tmp: subprocess.run(
+            [javac, "--release", "11", "-nowarn", "-cp", str(anserini_jar), "-d", str(tmp), str(SOURCE)],
+            capture_output=True, text=True, check=True), replace=False)
+    except subprocess.CalledProcessError as exc:
+        logger.warning("javac could not build %s (falling back to SearchCollection): %s", SOURCE, exc.stderr[-2000:])
+        return None
+    except FileExistsError:
+        pass  # a concurrent builder's identical result is already there
     return target

@@ -14,8 +14,9 @@ from tasks import schemas
 from tasks.chunking.chunker import chunk_documents
 from tasks.engine import Stage, StageParams
 from tasks.errors import InputError
-from tasks.file_identity import file_sha256
+from storage.file_identity import file_sha256
 from tasks.progress import report
+from tasks.readers.paths import existing
 
 logger = logging.getLogger("passage_forge")
 
@@ -65,8 +66,6 @@ def build_passages(params: ChunkParams, inputs: dict[str, Artifact], out: Path) 
 
 
 def chunk_params(cfg) -> ChunkParams:
-    from tasks.readers.stages import existing
-
     paths = [existing(cfg.data, p, "DPR passage file") for p in cfg.data.dpr_passages]
     return ChunkParams(words=cfg.chunk.words, stride=cfg.chunk.stride,
                        tsv_files={p.name: file_sha256(p) for p in paths}, tsv_paths=[str(p) for p in paths])

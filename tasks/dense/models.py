@@ -10,12 +10,6 @@ from typing import Callable, Sequence
 logger = logging.getLogger("passage_forge")
 
 
-def resolve_device(wanted: str) -> str:
-    import torch
-
-    return ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
-
-
 def load_bi_encoder(model: dict, folder: Path | None = None):
     """A saved bi-encoder (`folder`, written by `BiEncoder.save_pretrained`: its own config wins),
     else a fresh one on `model['base']` with the configured towers, pooling and projection."""

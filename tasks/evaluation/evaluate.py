@@ -6,10 +6,10 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from tasks.evaluation.figures import CURVE_K
 from tasks.evaluation.ir_metrics import ir_metrics
 from tasks.evaluation.qa_metrics import carries_answers, first_hit_ranks, qa_accuracy_metrics
 from tasks.evaluation.report import metrics_markdown
+from tasks.evaluation.scope import CURVE_K, questions_of_run
 from tasks.schemas import METRICS, QUESTION_RESULTS
 
 
@@ -31,7 +31,7 @@ def evaluate_runs(questions: pa.Table, passages: pa.Table, gold: pa.Table, runs:
         runs = [drop_identical_ids(run, doc_of) for run in runs]
     results, metrics = [], []
     for run in runs:
-        run_questions, run_gold = _on_splits_run(run, questions, gold, split_of)
+        run_questions, run_gold = questions_of_run(run, questions, gold, split_of)
         if has_answers:
             per_question = first_hit_ranks(run, passage_text, run_questions, match_type, max(*ks, CURVE_K))
             results.append(per_question)
@@ -42,18 +42,6 @@ def evaluate_runs(questions: pa.Table, passages: pa.Table, gold: pa.Table, runs:
     results_table = pa.concat_tables(results) if results else QUESTION_RESULTS.empty_table()
     metrics_table = pa.concat_tables([m.cast(METRICS) for m in metrics]) if metrics else METRICS.empty_table()
     return results_table, metrics_table, _report(title, metrics_table, gold_stats or {})
-
-
-def _on_splits_run(run: pa.Table, questions: pa.Table, gold: pa.Table, split_of: dict) -> tuple[pa.Table, pa.Table]:
-    """The questions and gold of the splits `run` has questions of: a system run on some splits
-    only (a reranker of the test split, say) is scored on those, not counted as missing the rest."""
-    import pyarrow.compute as pc
-
-    splits = {split_of.get(q) for q in pc.unique(run.column("qid")).to_pylist()} - {None}
-    if splits >= set(split_of.values()):
-        return questions, gold
-    kept = questions.filter(pc.is_in(questions.column("split"), value_set=pa.array(sorted(splits), pa.string())))
-    return kept, gold.filter(pc.is_in(gold.column("qid"), value_set=kept.column("qid")))
 
 
 def _report(title: str, metrics: pa.Table, gold_stats: dict) -> str:

@@ -17,12 +17,14 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from tasks.evaluation.scope import CURVE_K, questions_of_run
+
 __all__ = ["CURVE_K", "topk_accuracy_curves", "recall_curves", "training_series", "new_figure", "save_figure",
-           "draw_loss", "plot_curves", "plot_training", "plot_comparisons", "figure_name", "metric_label",
+           "draw_loss", "draw_dev", "plot_curves", "plot_training", "plot_comparisons", "figure_name", "metric_label",
            "read_history"]
 
-CURVE_K = 100   # the curves run over k = 1..CURVE_K
 _TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+SVG_SALT = "passage-forge"   # matplotlib's svg.hashsalt: stable element ids
 _STYLES = ("-", "--", ":", "-.")
 
 
@@ -56,13 +58,12 @@ def recall_curves(runs: Sequence[pa.Table], questions: pa.Table, gold: pa.Table,
     covers, a query the system retrieved nothing for (or without a relevant judgement) counting 0;
     relevant means relevance >= 1; the order is the run's rank, a passage retrieved twice keeping
     its best rank. The same numbers as ir_metrics' recall at each k."""
-    from tasks.evaluation.evaluate import _on_splits_run
     from tasks.evaluation.ir_metrics import qrels_dict, run_dicts
 
     split_of = dict(zip(questions.column("qid").to_pylist(), questions.column("split").to_pylist()))
     curves: dict[str, list[float]] = {}
     for run in runs:
-        _, run_gold = _on_splits_run(run, questions, gold, split_of)
+        _, run_gold = questions_of_run(run, questions, gold, split_of)
         judged = qrels_dict(run_gold)
         members = [q for q in judged if split == "all" or split_of.get(q) == split]
         if not members:
@@ -113,9 +114,17 @@ def new_figure(width: float = 7.0, height: float = 4.0, ncols: int = 1):
 
 
 def save_figure(fig, path: Path, dpi: int = 100) -> Path:
+    """A PNG, or an SVG when `path` ends in .svg: the same figure gives the same bytes (no date,
+    a fixed salt for the element ids), so a site drawing it at each build stays byte-stable."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png")
+    if path.suffix == ".svg":
+        from matplotlib import rc_context
+
+        with rc_context({"svg.hashsalt": SVG_SALT}):
+            fig.savefig(path, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(path, dpi=dpi, format="png")
     return path
 
 
@@ -179,19 +188,8 @@ def plot_training(series: Mapping, path: Path, *, title: str) -> Path:
     draw_loss(loss_ax, series["steps"], series["loss"])
     loss_ax.set_title("training loss" if with_dev else f"{title} (no dev metric)")
     if with_dev:
-        ax = axes[1]
-        name = metric_label(series["dev_metric"])
-        ax.plot(series["dev_steps"], series["dev"], color="tab:green", marker="o", ms=4, lw=1.4, label=name)
-        best = series["best_step"]
-        if best is not None and best in series["dev_steps"]:
-            value = series["dev"][series["dev_steps"].index(best)]
-            ax.plot([best], [value], marker="*", ms=13, color="tab:red", ls="none", label=f"kept: step {best}")
-        ax.set_xlabel("step")
-        ax.set_ylabel(name)
-        ax.set_title("dev metric")
-        ax.grid(alpha=0.3)
-        _integer_steps(ax)
-        ax.legend(loc="best", fontsize="small")
+        draw_dev(axes[1], series["dev_steps"], series["dev"], series["best_step"], metric_label(series["dev_metric"]))
+        axes[1].set_title("dev metric")
         if series["steps"]:  # both panels over the same steps
             lo = min(series["dev_steps"][0], series["steps"][0])
             hi = max(series["dev_steps"][-1], series["steps"][-1])
@@ -199,6 +197,19 @@ def plot_training(series: Mapping, path: Path, *, title: str) -> Path:
                 a.set_xlim(lo - 0.02 * (hi - lo) - 0.5, hi + 0.02 * (hi - lo) + 0.5)
         fig.suptitle(title)
     return save_figure(fig, path)
+
+
+def draw_dev(ax, steps: Sequence[int], values: Sequence[float], best_step: Optional[int], name: str) -> None:
+    """The dev metric at each evaluation, the kept step starred."""
+    ax.plot(steps, values, color="tab:green", marker="o", ms=4, lw=1.4, label=name)
+    if best_step is not None and best_step in steps:
+        value = values[list(steps).index(best_step)]
+        ax.plot([best_step], [value], marker="*", ms=13, color="tab:red", ls="none", label=f"kept: step {best_step}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(name)
+    ax.grid(alpha=0.3)
+    _integer_steps(ax)
+    ax.legend(loc="best", fontsize="small")
 
 
 def metric_label(name: Optional[str]) -> str:

@@ -12,11 +12,12 @@ Formatting is fixed so reports compare at a glance:
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
+
+from storage.atomic import atomic_write_text
 
 __all__ = ["metrics_markdown", "write_report", "column_label", "format_value"]
 
@@ -105,23 +106,7 @@ def metrics_markdown(metrics: pa.Table, systems: Sequence[str] | None = None,
 def write_report(path: str | os.PathLike, title: str,
                  sections: Iterable[tuple[str, str]]) -> Path:
     """Write ``# title`` then ``## heading`` + markdown per section; atomic; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     parts = [f"# {title}\n"]
     for heading, body in sections:
         parts.append(f"## {heading}\n\n{body.rstrip()}\n")
-    text = "\n".join(parts)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return atomic_write_text(Path(path), "\n".join(parts))

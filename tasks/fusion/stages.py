@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from storage import Artifact
 from storage.parquet import write_table
+from tasks.compute.search import QUERY_VECTORS
 from tasks.engine import Stage, StageParams
+from tasks.fusion.runs import run_stages_by_system
 
 logger = logging.getLogger("passage_forge")
 TuneMetric = Literal["auto", "accuracy", "ndcg"]
@@ -132,7 +134,6 @@ class EmbeddingFusionParams(StageParams):
 
 def build_embedding_fusion(params: EmbeddingFusionParams, inputs: dict[str, Artifact], out: Path) -> dict:
     from tasks.dense.encode import vectors_from_table
-    from tasks.dense.stages import QUERY_VECTORS
     from tasks.fusion.embedding import align_vectors, fused_passage_index, retrieve, rows_in_order, tune_coefficients
 
     pids, passage_vectors = align_vectors(
@@ -174,11 +175,6 @@ def _embedding_stage(cfg, fusion: FusionConfig, earlier: list[Stage]) -> Stage:
     vectors = [f"{stage}:{run}" for run in fusion.runs for stage in ("encode", "search")]
     return Stage(f"fusion:{fusion.name}", "hybrid_runs", "1", ("ingest_questions", "chunk", "link_gold", *vectors),
                  params, build_embedding_fusion, produces_runs=True, variant={"system": fusion.name})
-
-
-def run_stages_by_system(earlier: list[Stage]) -> dict[str, str]:
-    """{system name: the stage that produces its runs}."""
-    return {s.variant["system"]: s.name for s in earlier if s.produces_runs and "system" in s.variant}
 
 
 def _stage(cfg, name: str, system: str, method: str, run_stages: list[str], tuning: _Tuning, **extra) -> Stage:

@@ -18,12 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from storage import Artifact
 from storage.parquet import write_table
+from tasks.compute.encode import EncodeSettings
+from tasks.compute.origin import Origin, origin_of
+from tasks.compute.score import ScoreJob, ScoringSettings, cross_encoder_on
+from tasks.compute.search import QUERY_VECTORS
 from tasks.engine import Stage, StageParams
 from tasks.negatives.mining import context_negatives
 from tasks.qgen.as_questions import synthetic_queries_as_questions
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
-from tasks.dense.stages import EncodeSettings, Origin
-from tasks.silver.stages import ScoringSettings
 
 logger = logging.getLogger("passage_forge")
 
@@ -178,9 +180,8 @@ def _bm25_candidates(params: MineParams, inputs: dict[str, Artifact], synthetic:
 
 
 def _judge_shard(job, spec: tuple[int, list[tuple[str, str]]]) -> pa.Table:
-    """Shard i's (question, passage) pairs scored by the classifier (a silver `ScoreJob`): p per pair, in order."""
+    """Shard i's (question, passage) pairs scored by the classifier (a `ScoreJob`): p per pair, in order."""
     from tasks.progress import progress_logger
-    from tasks.silver.stages import cross_encoder_on
 
     i, pairs = spec
     device = job.scoring.device(job.device)
@@ -195,8 +196,6 @@ def _relevance_judge(params: MineParams, inputs: dict[str, Artifact], work: Path
     """The filter hook backed by the cross_encoder stage's classifier, scoring in resumable shards
     of `judge_shard_size` pairs on the configured runner: True where p > the threshold."""
     import pyarrow.parquet as pq
-
-    from tasks.silver.stages import ScoreJob
 
     def is_relevant(pairs):
         pairs = [tuple(pair) for pair in pairs]
@@ -285,7 +284,6 @@ def _dense_candidates(params: MineParams, inputs: dict[str, Artifact], questions
 
     from storage.parquet import parquet_rows
     from storage.shards import write_shard
-    from tasks.dense.stages import QUERY_VECTORS
 
     wanted = questions.column("qid")
     vectors = inputs[params.source].read_table(QUERY_VECTORS)
@@ -367,8 +365,6 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
 def _synthetic_mining(cfg, name: str, source: str) -> tuple[SyntheticMining, tuple[str, ...], dict]:
     """What mining the generated queries adds to strategy `name`: its SyntheticMining, its inputs
     (pairs:synthetic and what searches them) and pinned inputs (a dense miner's model)."""
-    from tasks.dense.stages import origin_of
-
     if cfg.qgen is None:
         raise ValueError(f"negatives.{name}.synthetic mines the generated queries, which needs a qgen: section")
     if source == "bm25_search":

@@ -24,6 +24,7 @@ from models.pretraining.losses import (
     TEMPERATURE,
 )
 from storage import Artifact
+from tasks.compute.device import resolve_device
 from tasks.engine import Stage, StageParams
 from tasks.training.trainer import TrainerArgs
 
@@ -157,7 +158,6 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
 
     from models import BiEncoder, resolve_checkpoint
     from models.pretraining import build_pretraining_loss, load_bert_mlm_head
-    from tasks.dense.models import resolve_device
     from tasks.pretrain.examples import passage_context_examples, query_context_examples, sample_examples
     from tasks.training.resumable import keep_record
     from tasks.training.trainer import train_bi_encoder

@@ -23,17 +23,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from storage.atomic import TMP_DIR_PREFIX, atomic_dir
+from tasks.compute.device import resolve_device
 from tasks.training.data import epoch_order
 from tasks.training.trainer import (
     CHECKPOINTS,
     STATE_NAME,
     ScheduleArgs,
-    _atomic_dir,
     bf16_autocast,
     latest_checkpoint,
     list_checkpoints,
     optimizer_and_schedule,
-    resolve_device,
     rng_states,
     seed_everything,
     set_rng_states,
@@ -92,7 +92,7 @@ def finetune_generator(
     model = generator.model
 
     seed_everything(args.seed)
-    device = resolve_device(device)
+    device = torch.device(resolve_device(device))
     bf16 = use_bf16(args.bf16, device)
     model.to(device)
 
@@ -121,14 +121,13 @@ def finetune_generator(
         best_step, best_dev_loss = state["best_step"], state["best_dev_loss"]
         resumed_from = str(ckpt)
         log.info("resuming generator fine-tuning from %s (step %d)", ckpt, step)
-    for stale in (out_dir / CHECKPOINTS).glob(".tmp-*") if (out_dir / CHECKPOINTS).is_dir() else []:
+    for stale in (out_dir / CHECKPOINTS).glob(f"{TMP_DIR_PREFIX}*") if (out_dir / CHECKPOINTS).is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)  # an interrupted save
 
     autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
 
     def save_checkpoint() -> None:
         def write(tmp: Path) -> None:
-            tmp.mkdir(parents=True)
             # the state dict, not save_pretrained: it loads back into this very model exactly
             torch.save(model.state_dict(), tmp / "model.pt")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -141,7 +140,7 @@ def finetune_generator(
                 "args": args.model_dump(),
             }, tmp / STATE_NAME)
 
-        _atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
+        atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
         for _, old in list_checkpoints(out_dir)[: -args.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -166,7 +165,7 @@ def finetune_generator(
             history[-1]["dev_loss"] = dev_loss
         if best_dev_loss is None or dev_loss < best_dev_loss:
             best_step, best_dev_loss = step, dev_loss
-            _atomic_dir(out_dir / "best", generator.save_pretrained)
+            atomic_dir(out_dir / "best", generator.save_pretrained)
 
     if step == 0:
         evaluate()  # the untrained model is a candidate too

@@ -23,6 +23,7 @@ from storage import Artifact
 from storage.parquet import write_table
 from storage.shards import move_shards_into
 from tasks import schemas
+from tasks.compute.device import resolve_device
 from tasks.engine import Pinned, Stage, StageParams
 from tasks.progress import progress_logger
 from tasks.qgen.finetune import GeneratorTrainArgs
@@ -58,7 +59,7 @@ class GenerateConfig(_Strict):
         "with max_passages: the passages of these splits' articles first, the rest a seeded sample (corpus text "
         "only: their questions are never read)"))
     device: str = Field("auto", description="'auto' picks CUDA when present")
-    # Resolved when the run is planned (models/ct2_generator.py `resolve_runtime`): the version
+    # Resolved when the run is planned (models/generator_runtime.py `resolve_runtime`): the version
     # hashes the runtime and precision that sample, since they change the questions.
     runtime: Literal["auto", "torch", "ctranslate2", "llamacpp"] = Field("auto", description=(
         "'auto': on a CPU, for a Llama-family causal generator (e.g. smollm2), llamacpp when llama_cpp imports, else "
@@ -105,18 +106,12 @@ class SyntheticPairsParams(StageParams):
     filter_bm25_top_k: Optional[int]
 
 
-def _device(wanted: str) -> str:
-    from tasks.dense.models import resolve_device
-
-    return resolve_device(wanted)
-
-
 def resolved_generate(q: QgenConfig) -> GenerateConfig:
     """`q.generate` with its runtime and precision resolved for this machine and generator."""
-    from models.ct2_generator import resolve_runtime
+    from models.generator_runtime import resolve_runtime
 
     g = q.generate
-    device = _device(g.device) if g.runtime == "auto" else g.device
+    device = resolve_device(g.device) if g.runtime == "auto" else g.device
     runtime, compute_type = resolve_runtime(g.runtime, g.compute_type, q.generator, q.kind, device)
     return g.model_copy(update={"runtime": runtime, "compute_type": compute_type})
 
@@ -143,7 +138,7 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
     args = GeneratorTrainArgs(**t.model_dump(include=set(GeneratorTrainArgs.model_fields)))
     logger.info("qgen: fine-tuning %s on %d train pairs (%d dev pairs)", params.generator, len(train), len(dev))
     train_dir = training_dir(out, work)
-    result = finetune_generator(generator, train, dev, args, train_dir, device=_device(params.device))
+    result = finetune_generator(generator, train, dev, args, train_dir, device=resolve_device(params.device))
     best = load_generator(str(train_dir / "best"))
     best.save_pretrained(out / "model")
     shutil.rmtree(out / "training" / "best", ignore_errors=True)
@@ -196,7 +191,7 @@ def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa
     from models.generator import load_generator
 
     i, pids, titles, texts = spec
-    g, device = job.generate, _device(job.generate.device)
+    g, device = job.generate, resolve_device(job.generate.device)
 
     def load():
         generator = load_generator(job.source, job.kind, job.prefix)
@@ -211,7 +206,7 @@ def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa
         generator.model.to(device).eval()
         return generator
 
-    # runners pin torch's threads per shard (tasks/threads.py); CTranslate2 takes that count when
+    # runners pin torch's threads per shard (models/threads.py); CTranslate2 takes that count when
     # built, so it is part of the key
     threads = torch.get_num_threads()
     key = ("generator", job.source, job.kind, job.prefix, device, g.runtime, g.compute_type, threads)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
+from storage.atomic import atomic_write
 from tasks.errors import InputError
-from tasks.file_identity import file_sha256
+from storage.file_identity import file_sha256
 
 CHUNK = 1 << 20
 
@@ -71,33 +71,25 @@ def download(url: str, dest: Path, timeout: float = 60, max_bytes: int | None = 
     """`url` into `dest`, whole or not at all: streamed to a temporary file beside it, checked by
     `check(sha256, size)` (which raises to refuse it; sha256 is None when more than `max_bytes`
     came), then renamed into place. Network failures raise OSError (urllib's errors included)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp)
-    try:
-        actual, size = _stream(url, fd, timeout, max_bytes)
+    with atomic_write(dest) as out:
+        actual, size = _stream(url, out, timeout, max_bytes)
         if check is not None:
             check(actual, size)
         elif actual is None:
             raise InputError(url, "size", f"more than {max_bytes:,} bytes")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+        os.fchmod(out.fileno(), 0o644)  # a cache may be shared: readable by all, whatever the umask
     return dest
 
 
-def _stream(url: str, fd: int, timeout: float, max_bytes: int | None) -> tuple[str | None, int]:
-    """(sha256, bytes) of what `url` sends, written to fd; sha256 None when it sent too much."""
+def _stream(url: str, out: BinaryIO, timeout: float, max_bytes: int | None) -> tuple[str | None, int]:
+    """(sha256, bytes) of what `url` sends, written to `out`; sha256 None when it sent too much."""
     digest, size = hashlib.sha256(), 0
     # urlopen is looked up at call time: tests replace it to simulate being offline.
-    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
         while chunk := response.read(CHUNK):
             size += len(chunk)
             if max_bytes is not None and size > max_bytes:
                 return None, size
             digest.update(chunk)
             out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
     return digest.hexdigest(), size

@@ -17,9 +17,10 @@ from storage.parquet import ParquetTableWriter, write_table
 from tasks import schemas
 from tasks.engine import Stage, StageParams
 from tasks.errors import InputError
-from tasks.file_identity import file_sha256
+from storage.file_identity import file_sha256
 from tasks.progress import with_progress
 from tasks.readers.download import OfficialFile, fetch, official
+from tasks.readers.paths import downloads_dir, existing
 from tasks.splits import assign_article_splits
 
 logger = logging.getLogger("passage_forge")
@@ -134,13 +135,6 @@ class QuestionParams(DataParams):
     split: SplitConfig
 
 
-def downloads_dir() -> Path:
-    """Where downloaded inputs are kept: $PFORGE_DOWNLOADS, else ~/.cache/passage-forge/downloads
-    (the data folder may be read-only)."""
-    default = Path.home() / ".cache" / "passage-forge" / "downloads"
-    return Path(os.environ.get("PFORGE_DOWNLOADS", default))
-
-
 def squad_path(data: DataConfig) -> Path:
     from tasks.readers.squad import squad_official
 
@@ -175,13 +169,6 @@ def input_path(data: DataConfig, relative: str, download: Optional[OfficialFile]
         raise InputError(path, "file", f"{what} not found, and downloading {download.url} failed: {exc}. "
                                        f"Offline, put that file (sha256 {download.sha256}) at {path} or at "
                                        f"{cache / download.name}") from exc
-
-
-def existing(data: DataConfig, relative: str, what: str) -> Path:
-    path = data.resolve(relative)
-    if not path.exists():
-        raise InputError(path, "file", f"{what} not found")
-    return path
 
 
 def _source_files(data: DataConfig) -> list[Path]:

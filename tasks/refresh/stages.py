@@ -25,11 +25,13 @@ import pyarrow.compute as pc
 from storage import Artifact, ArtifactStore
 from storage.parquet import ParquetTableWriter, write_table
 from tasks import schemas
-from tasks.dense.stages import EncodeSettings, Origin
+from tasks.compute.encode import EncodeConfig, EncodeSettings, encode_in_shards
+from tasks.compute.origin import Origin
 from tasks.engine import NoParams, Plan, Stage, StageParams, run_stage
 from tasks.errors import InputError
-from tasks.file_identity import file_sha256
+from storage.file_identity import file_sha256
 from tasks.progress import with_progress
+from tasks.readers.paths import downloads_dir
 from tasks.refresh.diff import diff_documents, diff_passages, rows_with
 from tasks.refresh.faiss_update import IDS_TABLE
 from tasks.refresh.locate import LocatedDump, locate_dump
@@ -145,7 +147,6 @@ def build_vectors(params: VectorParams, inputs: dict[str, Artifact], out: Path, 
     import pyarrow.parquet as pq
 
     from storage.shards import write_shard
-    from tasks.dense.stages import encode_in_shards
     from tasks.refresh.reencode import refresh_vectors
 
     def encode(todo):
@@ -246,8 +247,6 @@ def check_dump_readable(path: Path) -> None:
 def locate_configured_dump(cfg, dump: str | None = None, *, today: date | None = None) -> LocatedDump:
     """The dump a refresh of `cfg` reads (`dump`, else the configured one), found and checked
     readable: a URL is fetched first."""
-    from tasks.readers.stages import downloads_dir
-
     settings = cfg.refresh
     located = locate_dump(dump or configured_dump(cfg), cfg.data.resolve("."), downloads_dir(), today=today,
                           lookback_days=settings.lookback_days, timeout_s=settings.timeout_s)
@@ -323,7 +322,6 @@ def refresh_corpus(cfg, plan: Plan, store: ArtifactStore, dump: str | None = Non
 def _refresh_dense(cfg, store: ArtifactStore, dense: DenseIndex, passages: Artifact, run) -> tuple[Artifact, Artifact]:
     """The promoted encoder's embeddings and FAISS index brought to `passages` (as they are when
     they already match), encoded the way its runs record."""
-    from tasks.dense.stages import EncodeConfig
     from tasks.refresh.state import input_of
 
     made_from = passages_of(store, dense.embeddings)

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage import Artifact
 from storage.parquet import write_table
+from tasks.compute.score import SCORING_SAMPLE, ScoringSettings, cross_encoder_on, scoring_agreement
 from tasks.engine import Stage, StageParams
+from tasks.fusion.runs import run_stages_by_system
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
-from tasks.silver.stages import ScoringSettings
 
 logger = logging.getLogger("passage_forge")
 
@@ -65,7 +66,6 @@ def _rerank_shard(job: _RerankJob, spec: tuple[int, pa.Table, dict, dict]) -> pa
     """Shard i: its questions' run, reranked (the shard carries their questions and passages' texts)."""
     from tasks.progress import progress_logger
     from tasks.rerank.rerank import rerank_run
-    from tasks.silver.stages import cross_encoder_on
 
     i, part, question_of, text_of = spec
     device = job.scoring.device(job.device)
@@ -112,11 +112,10 @@ def build_rerank(params: RerankParams, inputs: dict[str, Artifact], out: Path, w
 
 def _agreement(job: _RerankJob, spec, table: pa.Table) -> dict:
     """The first shard's first reranked pairs: their p (sigmoid of the stored logits) against
-    torch fp32's (silver's `scoring_agreement`)."""
+    torch fp32's (`scoring_agreement`)."""
     import numpy as np
 
     from models.cross_encoder import sigmoid
-    from tasks.silver.stages import SCORING_SAMPLE, scoring_agreement
 
     _, part, question_of, text_of = spec
     head = part.filter(pc.less_equal(part.column("rank"), job.depth)).slice(0, SCORING_SAMPLE)
@@ -132,8 +131,6 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         return []
     if cfg.cross_encoder is None:
         raise ValueError("rerank: needs a cross_encoder: section (the classifier that reranks)")
-    from tasks.fusion.stages import run_stages_by_system
-
     known = run_stages_by_system(earlier)
     out = []
     for r in cfg.rerank:

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from storage import Artifact
 from storage.parquet import write_table
-from tasks.dense.stages import EncodeSettings, Origin, origin_of
+from tasks.compute.device import resolve_device
+from tasks.compute.encode import EncodeSettings
+from tasks.compute.origin import Origin, folder_hash, origin_of
+from tasks.compute.score import SCORING_SAMPLE, ScoreJob, ScoringSettings, cross_encoder_on, scoring_agreement
+from tasks.compute.search import search_texts
 from tasks.engine import Stage, StageParams
-from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats, worker_cached
+from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 from tasks.silver.classifier import ClassifierTrainArgs
 
 logger = logging.getLogger("passage_forge")
@@ -72,60 +75,6 @@ class CrossEncoderConfig(BaseModel):
                             "Zen 5 EPYC, torch bf16 2.71x) without int8 or onnx, off elsewhere. CUDA scoring "
                             "autocasts to bf16 whatever this says")
     seed: int = 13
-
-
-class ScoringSettings(BaseModel):
-    """How the classifier scores (hashed by every stage that scores with it): the runtime,
-    resolved at planning, and the precision."""
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    runtime: Literal["torch", "onnx", "openvino"] = "torch"
-    int8: bool = False
-    bf16: bool = False   # bf16 on the CPU: torch's autocast or OpenVINO's hint (CUDA autocasts regardless, as before)
-
-    @model_serializer(mode="wrap")
-    def _without_fp32_default(self, handler):
-        # bf16 came later: off, it stays out of the dump, so versions hashed before it still match
-        out = handler(self)
-        if not self.bf16:
-            out.pop("bf16", None)
-        return out
-
-    @classmethod
-    def of(cls, config: CrossEncoderConfig) -> "ScoringSettings":
-        from models.cpu_features import has_bf16_units
-        from models.onnx_runtime import resolve_runtime
-
-        on_cuda = config.device.startswith("cuda") or (config.device == "auto" and _cuda_present())
-        if config.int8 and on_cuda:
-            raise ValueError(f"cross_encoder.int8 quantises for the CPU; the device is {config.device!r} (CUDA here)")
-        if config.bf16 is True and (config.int8 or config.runtime == "onnx"):
-            raise ValueError(f"cross_encoder.bf16 cannot go with {'int8' if config.int8 else 'runtime onnx'}")
-        # resolved at planning, like the runtime: a version hashes the precision it was scored at
-        bf16 = (config.bf16 is True or (config.bf16 == "auto" and has_bf16_units())) \
-            and not on_cuda and not config.int8 and config.runtime != "onnx"
-        return cls(runtime=resolve_runtime(config.runtime, config.device, bf16), int8=config.int8, bf16=bf16)
-
-    @property
-    def precision(self) -> str:
-        return "int8" if self.int8 else "bf16" if self.bf16 else "fp32"
-
-    def device(self, configured: str) -> str:
-        """Where pairs are scored: the CPU for every path but torch fp32 (onnx, int8, CPU bf16; a
-        worker of a planned-on-CPU version may see a GPU), else the configured device resolved."""
-        from tasks.dense.models import resolve_device
-
-        return "cpu" if self != ScoringSettings() else resolve_device(configured)
-
-    def autocast_bf16(self, device: str) -> bool:
-        """torch's bf16 autocast while scoring on `device`: on CUDA always (as before), on the CPU when
-        resolved so (OpenVINO's bf16 is compiled in)."""
-        return device == "cuda" or (self.bf16 and self.runtime == "torch")
-
-
-def _cuda_present() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 class SilverConfig(BaseModel):
@@ -182,7 +131,6 @@ def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> p
 def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path,
                         work: Optional[Path] = None) -> dict:
     from models.cross_encoder import CrossEncoderModel
-    from tasks.dense.models import resolve_device
     from tasks.silver.classifier import DevClassification, train_classifier
     from tasks.training.resumable import keep_record, training_dir
     from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, source_counts
@@ -295,7 +243,6 @@ def classifier_reference(reference: str, cfg_dir: Optional[Path]) -> tuple[Optio
     """`cross_encoder.model` resolved: (artifact version, None, None) for `cross_encoder:VERSION`,
     (None, absolute folder, its digest) for a folder, (None, None, None) for a hub name; a path
     that is no folder fails, naming it."""
-    from tasks.dense.stages import folder_hash
     from tasks.errors import InputError
     from tasks.stage_refs import pinned_version
 
@@ -432,73 +379,11 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
 
         return bm25_search(inputs["bm25_index"].subdir("index"), items, k=params.config.top_k + 1,
                            k1=params.bm25_k1, b=params.bm25_b, system="bm25")
-    from tasks.dense.stages import search_texts
-
     system = params.config.retriever
     runs, _ = search_texts(params.dense_origin, params.dense_encode, inputs, inputs[f"encode:{system}"],
                            inputs[f"index:{system}"], pa.array([q for q, _ in items]), [t for _, t in items],
                            params.config.top_k + 1, params.dense_encode.device(params.device), system)
     return runs
-
-
-def cross_encoder_on(folder: str, device: str, scoring: ScoringSettings | None = None):
-    """The classifier of `folder` on `device` as `scoring` says (torch fp32 by default; int8; or
-    ONNX Runtime or OpenVINO, CPU only), loaded once per process (shards of the silver and rerank stages
-    share it). In eval mode: threads may score with it at once."""
-    scoring = scoring or ScoringSettings()
-    return worker_cached(("cross_encoder", folder, device, scoring.runtime, scoring.int8, scoring.bf16),
-                         lambda: load_scorer(folder, device, scoring))
-
-
-def load_scorer(folder: str, device: str, scoring: ScoringSettings):
-    """A model with `logits` / `score` (CrossEncoderModel's signature) for `scoring`."""
-    from models.cross_encoder import CrossEncoderModel
-
-    model = CrossEncoderModel.from_pretrained(folder).eval()
-    if scoring.runtime != "torch" or scoring.int8:
-        if device != "cpu":
-            raise ValueError(f"cross_encoder runtime {scoring.runtime} {scoring.precision} scores on the CPU; "
-                             f"the device is {device!r}")
-    if scoring.runtime != "torch":
-        from models.onnx_runtime import OnnxCrossEncoder
-
-        return OnnxCrossEncoder.from_model(model, int8=scoring.int8, runtime=scoring.runtime, bf16=scoring.bf16)
-    if scoring.int8:
-        from models.quantization import quantize_dynamic_int8
-
-        return quantize_dynamic_int8(model)
-    return model.to(device)
-
-
-SCORING_SAMPLE = 32  # pairs re-scored by torch fp32 to check a faster path (seconds)
-
-
-def scoring_agreement(folder: str, scoring: ScoringSettings, pairs, p) -> dict:
-    """For a scoring path other than torch fp32: max and mean |p - p_torch_fp32| over the first
-    pairs scored ({} for torch fp32 itself)."""
-    import numpy as np
-
-    if scoring == ScoringSettings():
-        return {}
-    pairs, p = list(pairs)[:SCORING_SAMPLE], np.asarray(p, dtype=np.float64)[:SCORING_SAMPLE]
-    if not pairs:
-        return {}
-    want = cross_encoder_on(folder, "cpu").score(pairs, batch_size=SCORING_SAMPLE, device="cpu").astype(np.float64)
-    diff = np.abs(p - want)
-    return {"reference": {"against": "torch fp32", "pairs": len(pairs), "max_abs_p_diff": round(float(diff.max()), 6),
-                          "mean_abs_p_diff": round(float(diff.mean()), 6)}}
-
-
-@dataclass(frozen=True)
-class ScoreJob:
-    """What every cross-encoder scoring shard shares (small and picklable: it travels to the
-    runner's workers): silver labelling's and the judging of mined negatives'."""
-    model: str          # the cross_encoder artifact's model folder
-    device: str         # as configured: 'auto' resolves on the worker
-    batch_size: int
-    n_shards: int
-    label: str = "silver"
-    scoring: ScoringSettings = ScoringSettings()
 
 
 def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):

@@ -8,7 +8,7 @@ global batch is this rank's, wrap the loss module in DistributedDataParallel, an
 writes (rank 0). Without torchrun it yields `Ranks()`, whose every method is the identity: the
 single-process run is unchanged.
 
-Inside the block every rank computes with rank 0's torch intra-op thread count (tasks/threads.py:
+Inside the block every rank computes with rank 0's torch intra-op thread count (models/threads.py:
 $PFORGE_THREADS, else rank 0's own count; torchrun sets OMP_NUM_THREADS=1 unless told otherwise),
 so ranks on unlike machines still sum their floats alike; the count is restored afterwards.
 """
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tasks.threads import pinned_threads, resolve_threads
+from models.threads import pinned_threads, resolve_threads
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 

@@ -12,8 +12,9 @@ from typing import Any, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from storage import Artifact
-from tasks.dense.models import resolve_device
-from tasks.dense.stages import EncodeSettings, Origin, origin_of
+from tasks.compute.device import resolve_device
+from tasks.compute.encode import EncodeSettings
+from tasks.compute.origin import Origin, origin_of
 from tasks.engine import Stage, StageParams
 from tasks.training.trainer import TrainerArgs
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -28,6 +27,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from storage.atomic import TMP_DIR_PREFIX, atomic_dir
+from tasks.compute.device import resolve_device
 from tasks.progress import report
 
 from .callbacks import TrainerCallback
@@ -89,7 +90,7 @@ class ScheduleArgs(BaseModel):
         elsewhere, so versions planned before CPU bf16 training keep their hash."""
         from models.cpu_features import has_bf16_units
 
-        if self.bf16 == "auto" and resolve_device(device).type == "cpu" and has_bf16_units():
+        if self.bf16 == "auto" and torch.device(resolve_device(device)).type == "cpu" and has_bf16_units():
             return self.model_copy(update={"bf16": "on"})
         return self
 
@@ -139,12 +140,6 @@ def set_rng_states(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def use_bf16(flag: str | bool, device: torch.device) -> bool:
@@ -201,21 +196,6 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(out_dir: Path) -> Path | None:
     found = list_checkpoints(out_dir)
     return found[-1][1] if found else None
-
-
-def _atomic_dir(target: Path, write: Callable[[Path], None]) -> None:
-    """Write a folder under a temporary name, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    write(tmp)
-    old = target.parent / f".old-{target.name}-{os.getpid()}"
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def _wants_weights(loss_fn: nn.Module) -> bool:
@@ -365,7 +345,7 @@ def run_training(
     to `out_dir` (read by all ranks on a resume, so a folder all of them see); the others wait for
     it at the end. `device` 'cuda' is cuda:LOCAL_RANK. Every rank returns the same history.
     """
-    with process_group(resolve_device(device)) as ranks:
+    with process_group(torch.device(resolve_device(device))) as ranks:
         return _training_loop(model, loss_fn, examples, sampler, collate, args, out_dir, evaluator, progress,
                               callbacks, loss_inputs, gradient_checkpointing, eval_at_start, desc, ranks)
 
@@ -425,7 +405,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         if ranks.main:
             log.info("resuming from %s (step %d)", ckpt, step)
     # stale temporary folders of an interrupted save
-    for stale in (out_dir / CHECKPOINTS).glob(".tmp-*") if ranks.main and (out_dir / CHECKPOINTS).is_dir() else []:
+    for stale in (out_dir / CHECKPOINTS).glob(f"{TMP_DIR_PREFIX}*") if ranks.main and (out_dir / CHECKPOINTS).is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
 
     # DDP under torchrun (every rank starts from rank 0's weights), else loss_fn itself
@@ -433,7 +413,6 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
 
     def save_checkpoint() -> None:
         def write(tmp: Path) -> None:
-            tmp.mkdir(parents=True)
             model.save_pretrained(tmp / "model")
             own = loss_fn.state_dict()
             torch.save({k: own[k] for k in loss_own_keys}, tmp / LOSS_STATE_NAME)
@@ -445,7 +424,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
                 "best_metric": best_metric, "args": args.model_dump(),
             }, tmp / STATE_NAME)
 
-        _atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
+        atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
         for _, old in list_checkpoints(out_dir)[: -max(1, args.keep_checkpoints)]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -477,7 +456,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         if best_metric is None or (metric > best_metric if greater_is_better else metric < best_metric):
             best_metric, best_step = metric, step
             if ranks.main:
-                _atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
+                atomic_dir(out_dir / "best", lambda d: model.save_pretrained(d))
         for hook in hooks:
             hook.on_evaluate(step, metrics)
 
@@ -540,9 +519,9 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
     if evaluator is None:
         best_step, best_metric = step, None
     if ranks.main:
-        _atomic_dir(out_dir / "final", lambda d: model.save_pretrained(d))
+        atomic_dir(out_dir / "final", lambda d: model.save_pretrained(d))
         if evaluator is None:
-            _atomic_dir(out_dir / "best", lambda d: shutil.copytree(out_dir / "final", d))
+            atomic_dir(out_dir / "best", lambda d: shutil.copytree(out_dir / "final", d, dirs_exist_ok=True))
 
     steps_run = step - start_step
     result = {
