@@ -22,8 +22,12 @@ PROFILES = {"avx2": "fpu sse2 avx avx2 fma", "avx512_bf16": "fpu sse2 avx avx2 f
 def planned_versions() -> dict[str, dict[str, dict[str, str]]]:
     """{profile: {config file: {stage: planned version}}}, with the CPU read from a fixed cpuinfo."""
     from flows.registry import plan_for
-    from models import cpu_features
+    from models import cpu_features, llamacpp_generator
     from tasks.config import load_config
+
+    # Whether llama.cpp multiplies bf16 in hardware also asks the installed build (compiled for the
+    # machine that installed it): here it follows the profile, as a build compiled on that CPU would.
+    llamacpp_generator.llamacpp_bf16_in_hardware = lambda: cpu_features.has_bf16_units()
 
     found, before = {}, os.environ.get(cpu_features.CPUINFO_ENV)
     try:
