@@ -28,7 +28,7 @@ import torch
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 from models import BiEncoder, BidirectionalSoftmaxLoss, InBatchSoftmaxLoss  # noqa: E402
 from models.checkpoints import resolve_checkpoint  # noqa: E402
-from tasks.dense.encode import encode_texts  # noqa: E402
+from tasks.compute.batch_encode import encode_texts  # noqa: E402
 from tasks.dense.hybrid import choose_weight, linear_fusion  # noqa: E402
 from tasks.evaluation.qa_metrics import first_hit_ranks, qa_accuracy_metrics  # noqa: E402
 from tasks.schemas import RUNS  # noqa: E402

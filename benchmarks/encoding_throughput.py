@@ -1,4 +1,4 @@
-"""Passage encoding throughput: our path (tasks.dense.encode.encode_texts + BiEncoder) vs
+"""Passage encoding throughput: our path (tasks.compute.batch_encode.encode_texts + BiEncoder) vs
 sentence-transformers' ``SentenceTransformer.encode``, same model, same passages, same run.
 
     HF_HUB_OFFLINE=1 python benchmarks/encoding_throughput.py [--passages P.parquet --questions Q.parquet] \
@@ -185,7 +185,7 @@ def main(argv=None) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from models import BiEncoder, resolve_checkpoint
-    from tasks.dense.encode import encode_texts
+    from tasks.compute.batch_encode import encode_texts
 
     pids, pairs, questions, answers, source = load_inputs(args)
     texts = [x for _, x in pairs]

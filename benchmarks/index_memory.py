@@ -1,5 +1,5 @@
 """FAISS index memory and search speed, exact flat vs IVF-PQ (the scale plan's index choice), built
-by the pipeline's own `tasks.dense.faiss_index.build_index`, same vectors, same queries, same run.
+by the pipeline's own `tasks.compute.faiss_index.build_index`, same vectors, same queries, same run.
 
     .venv/bin/python benchmarks/index_memory.py [--sizes 50000,200000] [--dim 768] [--queries 500] \
         [--k 100] [--nprobe 16] [--threads 2] [--repeat 5] [--out r.json]
@@ -48,7 +48,7 @@ def main(argv=None) -> list[dict]:
 
     import faiss
 
-    from tasks.dense.faiss_index import build_index, default_nlist, default_pq_m
+    from tasks.compute.faiss_index import build_index, default_nlist, default_pq_m
 
     faiss.omp_set_num_threads(args.threads)
     rows = []

@@ -70,7 +70,7 @@ def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 def write_corpus(folder: Path, n: int, n_queries: int, dim: int, seed: int = 0) -> list[Path]:
     """The passages as an embeddings table (pids "0".."n-1") and the questions as queries.npy."""
     from storage.parquet import ParquetTableWriter
-    from tasks.dense.encode import embeddings_table
+    from tasks.compute.embeddings import embeddings_table
 
     rng = np.random.default_rng(seed)
     np.save(folder / "queries.npy", _unit(rng, n_queries, dim))

@@ -102,8 +102,8 @@ def load_inputs(path: str, limit: int, num_questions: int):
 # --------------------------------------------------------------------------- systems
 def make_ours(args, pids, texts, queries, positives):
     """The miner: strings in, per question the M best non-positive pids out."""
-    from tasks.dense.encode import iter_shards
-    from tasks.dense.models import for_inference, load_bi_encoder
+    from tasks.compute.batch_encode import iter_shards
+    from tasks.compute.bi_encoder import for_inference, load_bi_encoder
     from tasks.compute.encode import EncodeSettings
     from tasks.dense.stages import DenseModelConfig
     from tasks.negatives.blocked_topk import blocked_top_k

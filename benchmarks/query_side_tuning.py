@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
 
     from models import BiEncoder
     from storage import ArtifactStore
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute.embeddings import vectors_from_table
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -171,7 +171,7 @@ def external_peers(args, job: str, folder) -> dict:
 
 
 class _CompiledTower:
-    """An OpenVINO compiled tower in the shape tasks/dense/encode.py drives (torch in and out)."""
+    """An OpenVINO compiled tower in the shape tasks/compute/batch_encode.py drives (torch in and out)."""
 
     def __init__(self, compiled, input_names, tokenizer):
         self.request, self.input_names, self.tokenizer = compiled.create_infer_request(), input_names, tokenizer
@@ -193,7 +193,7 @@ def openvino_encoders(model, onnx_encoder, calibration, max_length: int, bf16: b
     """{'openvino': ours at fp32[, 'openvino-bf16'][, 'openvino-int8': NNCF static int8 of the ONNX
     export]}, where they import."""
     from models.onnx_runtime import openvino_available
-    from tasks.dense.models import for_inference
+    from tasks.compute.bi_encoder import for_inference
 
     if not openvino_available():
         return {}
@@ -247,7 +247,7 @@ def bench_encode(args) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from models.checkpoints import resolve_checkpoint
-    from tasks.dense.models import encode_side, for_inference, load_bi_encoder
+    from tasks.compute.bi_encoder import encode_side, for_inference, load_bi_encoder
 
     folder = resolve_checkpoint("minilm")
     passages = benchmark_passages(args)

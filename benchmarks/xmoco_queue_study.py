@@ -132,7 +132,7 @@ def run_direct(args, dense_systems: list[dict], stands_for: dict[int, str]) -> N
     from models import BiEncoder
     from models.checkpoints import resolve_checkpoint
     from models.losses import build_loss
-    from tasks.dense.encode import encode_texts
+    from tasks.compute.batch_encode import encode_texts
     from tasks.evaluation.qa_metrics import first_hit_ranks, qa_accuracy_metrics
     from tasks.schemas import RUNS
     from tasks.training.examples import training_examples

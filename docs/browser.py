@@ -75,6 +75,11 @@ class Browser:
                     return message.get("result", {})
         return self._loop.run_until_complete(asyncio.wait_for(call(), self.timeout_s))
 
+    def before_each_page(self, script: str) -> None:
+        """Runs `script` in every page this browser opens from now on, before the page's own scripts."""
+        self._call("Page.enable")
+        self._call("Page.addScriptToEvaluateOnNewDocument", source=script)
+
     def open(self, url: str, settle_s: float = 0.0) -> None:
         """Loads `url` and waits for its load event (then `settle_s` more, for a page's own scripts)."""
         self._call("Page.enable")

@@ -2,8 +2,9 @@
 
 - a page per shipped config (docs/configs/NAME.md, with its DAG and its YAML) and their index
   (docs/configs/index.md);
-- every DAG fence marked `<!-- dag: configs/NAME.yaml -->` in README.md and docs/ (e.g. the demo's), as
-  `pforge plan --mermaid FILE --reduced` draws it (each edge a longer path implies left out);
+- every DAG fence marked `<!-- dag: configs/NAME.yaml [--overview | --part N] -->` in README.md and docs/
+  (e.g. the demo's), as `pforge plan --mermaid FILE --reduced [--overview | --part N]` draws it (each edge a
+  longer path implies left out; a large plan as its stage families and in parts, flows/plan.py);
 - every block between `<!-- generated: SOURCE -->` and `<!-- end generated -->` in README.md and docs/: a
   table or section of a committed results file (`results benchmarks/results/FILE.md ["HEADING"] [table N]`).
   (The study's tables are not copied: a site page includes them from benchmarks/results/study_cpu.md
@@ -31,32 +32,52 @@ CONFIGS = PROJECT_ROOT / "configs"
 PAGES = PROJECT_ROOT / "docs" / "configs"
 CHANGELOG = PROJECT_ROOT / "CHANGELOG.md"
 CHANGELOG_PAGE = PROJECT_ROOT / "docs" / "changelog.md"
-# A DAG fence: the marker naming its config (relative to the project root), then a mermaid fence.
-MARKED_DAG = re.compile(r"<!-- dag: (?P<config>\S+) -->\n```mermaid\n(?P<dag>.*?)```", re.DOTALL)
+# A DAG fence: the marker naming its config (relative to the project root) and the drawing's
+# `pforge plan` option (none: the whole plan), then a mermaid fence.
+MARKED_DAG = re.compile(r"<!-- dag: (?P<config>\S+)(?: (?P<view>--overview|--part [1-9][0-9]*))? -->\n"
+                        r"```mermaid\n(?P<dag>.*?)```", re.DOTALL)
 
 
 def shipped_configs() -> list[Path]:
     return sorted(CONFIGS.glob("*.yaml"))
 
 
-def dag_of(config: Path) -> str:
-    """What `pforge plan CONFIG --mermaid FILE --reduced` writes: a large plan stays readable."""
-    from flows.plan import mermaid
+def plan_of(config: Path):
     from flows.registry import plan_for
     from tasks.config import load_config
 
-    return mermaid(plan_for(load_config(config)), reduced=True)
+    return plan_for(load_config(config))
 
 
-def marked_dags(text: str) -> list[tuple[str, str]]:
-    """(config, DAG) of every marked fence in a page."""
-    return [(m["config"], m["dag"]) for m in MARKED_DAG.finditer(text)]
+def view_of(option: str | None) -> str | int | None:
+    """The `view` of flows.plan.mermaid that a `pforge plan` option names (`--overview`, `--part N`)."""
+    from flows.plan import OVERVIEW
+
+    if not option:
+        return None
+    return OVERVIEW if option == "--overview" else int(option.split()[1])
+
+
+def dag_of(config: Path, option: str | None = None) -> str:
+    """What `pforge plan CONFIG --mermaid FILE --reduced [OPTION]` writes: a large plan stays readable."""
+    from flows.plan import mermaid
+
+    return mermaid(plan_of(config), reduced=True, view=view_of(option))
+
+
+def marker(config: str, option: str | None = None) -> str:
+    return f"<!-- dag: {config}{f' {option}' if option else ''} -->"
+
+
+def marked_dags(text: str) -> list[tuple[str, str | None, str]]:
+    """(config, option, DAG) of every marked fence in a page (option: `--overview`, `--part N` or None)."""
+    return [(m["config"], m["view"], m["dag"]) for m in MARKED_DAG.finditer(text)]
 
 
 def with_dags(text: str) -> str:
     """`text` with every marked fence holding its config's DAG as planned now."""
-    return MARKED_DAG.sub(lambda m: f"<!-- dag: {m['config']} -->\n```mermaid\n{dag_of(PROJECT_ROOT / m['config'])}```",
-                          text)
+    return MARKED_DAG.sub(lambda m: f"{marker(m['config'], m['view'])}\n```mermaid\n"
+                                    f"{dag_of(PROJECT_ROOT / m['config'], m['view'])}```", text)
 
 
 # --------------------------------------------------------------------------- generated blocks
@@ -130,11 +151,42 @@ def with_generated(text: str, page: str, root: Path | None = None) -> str:
 
 
 def block_content(source: str, root: Path) -> str:
-    """What a marker's source gives: `results FILE ["HEADING"] [table N]`."""
+    """What a marker's source gives: `results FILE ["HEADING"] [table N]`, a column no row measured
+    (every cell `-`) left out."""
     kind, *args = shlex.split(source)
     if kind == "results" and args:
-        return results_content(root, *args)
+        return without_unmeasured_columns(results_content(root, *args))
     raise ValueError(f"unknown source `{source}`: `results FILE [\"HEADING\"] [table N]`")
+
+
+def table_cells(row: str) -> list[str]:
+    """The cells of a table row whose in-cell pipes are escaped (`with_cell_pipes_escaped`)."""
+    return [cell.strip() for cell in re.split(r"(?<=\s)\|(?=\s)", " " + row.strip().strip("|") + " ")]
+
+
+def without_unmeasured_columns(text: str) -> str:
+    """`text` with each table's columns that no row fills (every data cell `-`) left out: a result the
+    committed file does not hold (a `make install` nobody timed) is not shown as a column of dashes."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j].startswith("|"):
+            j += 1
+        if j == i:
+            out.append(lines[i])
+            i += 1
+            continue
+        rows = [table_cells(row) if k != 1 else row.strip().strip("|").split("|") for k, row in enumerate(lines[i:j])]
+        data = rows[2:]
+        keep = [c for c in range(len(rows[0]))
+                if not data or any(c >= len(row) or row[c] != "-" for row in data)]
+        if len(keep) < len(rows[0]):
+            kept = [[row[c] for c in keep if c < len(row)] for row in rows]
+            out += [f"| {' | '.join(row)} |" if k != 1 else f"|{'|'.join(row)}|" for k, row in enumerate(kept)]
+        else:
+            out += lines[i:j]
+        i = j
+    return "\n".join(out)
 
 
 def results_content(root: Path, file: str, *selector: str) -> str:
@@ -233,7 +285,7 @@ def stale_parts(old: str, new: str, page: str) -> list[str]:
     if len(old_dags) != len(new_dags) or len(old_blocks) != len(new_blocks):
         return ["the page"]
     old_lines, new_lines = old.split("\n"), new.split("\n")
-    parts = [f"line {old.count(chr(10), 0, a.start()) + 1}: dag {a['config']}"
+    parts = [f"line {old.count(chr(10), 0, a.start()) + 1}: dag {a['config']}" + (f" {a['view']}" if a["view"] else "")
              for a, b in zip(old_dags, new_dags) if a["dag"] != b["dag"]]
     parts += [f"line {a.line}: generated: {a.source}" for a, b in zip(old_blocks, new_blocks)
               if old_lines[a.first:a.last + 1] != new_lines[b.first:b.last + 1]]
@@ -298,23 +350,49 @@ def extends_of(config: Path) -> str | None:
 
 
 def stages_section(config: Path) -> str:
-    """The page's DAG, or why there is none: a plan hashes the input files, so a config whose files
-    are not here (DPR's 21M-passage TSV, say) cannot be planned, drawn or run until they are."""
+    """The page's DAG (a large plan's overview and parts), or why there is none: a plan hashes the input
+    files, so a config whose files are not here (DPR's 21M-passage TSV, say) cannot be planned, drawn or
+    run until they are."""
+    from flows.plan import MAX_NODES, fits_one_drawing, parts
     from tasks.errors import InputError
 
     rel = config.relative_to(PROJECT_ROOT).as_posix()
     try:
-        dag = dag_of(config)
+        plan = plan_of(config)
     except InputError as exc:
         return f"""Not drawn here: a plan hashes the config's input files, and `{Path(exc.path).name}` is not
 under its `data_root` in this checkout. With the file in place, `pforge plan {rel} --mermaid FILE --reduced`
 draws it."""
-    return f"""Drawn by `pforge plan {rel} --mermaid FILE --reduced`: an arrow for each input a stage reads,
+    if fits_one_drawing(plan):
+        return f"""Drawn by `pforge plan {rel} --mermaid FILE --reduced`: an arrow for each input a stage reads,
 left out where a longer path already leads there (`--mermaid FILE` alone draws every one).
 
-<!-- dag: {rel} -->
-```mermaid
-{dag}```"""
+{fence(rel)}"""
+    found = parts(plan)
+    drawn_parts = "\n\n".join(f"""### Part {i}: {part.title}
+
+`pforge plan {rel} --mermaid FILE --part {i}`:
+
+{fence(rel, f"--part {i}")}""" for i, part in enumerate(found, 1))
+    return f"""Its {len(plan.names())} stages are drawn in {len(found) + 1} pictures of at most {MAX_NODES} nodes each
+(`pforge plan {rel} --mermaid FILE --reduced` draws them in one): first the stage
+families, then the stages in {len(found)} parts. An arrow stands for each input a stage reads, left out
+where a longer path already leads there; in a part, a rounded node is a stage drawn in another
+part (or, as "N search stages", several of one family).
+
+### Stage families
+
+`pforge plan {rel} --mermaid FILE --overview`: a box per family (`train` holds
+every `train:NAME`), an arrow where a stage of one reads a stage of the other.
+
+{fence(rel, "--overview")}
+
+{drawn_parts}"""
+
+
+def fence(config: str, option: str | None = None) -> str:
+    """A marked DAG fence of `config` (relative to the project root) as `pforge plan` draws it now."""
+    return f"{marker(config, option)}\n```mermaid\n{dag_of(PROJECT_ROOT / config, option)}```"
 
 
 def config_page(config: Path) -> str:

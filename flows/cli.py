@@ -91,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--dot", type=Path, metavar="FILE", help="write the stage DAG as Graphviz dot ('-': stdout)")
     plan.add_argument("--reduced", action="store_true", help="draw only the edges no longer path implies "
                                                                "(a large plan's picture, as the docs draw it)")
+    view = plan.add_mutually_exclusive_group()
+    view.add_argument("--overview", action="store_true", help="draw one node per stage family (a large plan's "
+                                                               "first picture, as the docs draw it)")
+    view.add_argument("--part", type=_count(1), metavar="N", help="draw part N of the parts the docs draw a large "
+                                                                 "plan in (edges as --reduced; a small plan is part 1)")
     serve = sub.add_parser("serve", help="register deployments on a Prefect server and serve them")
     serve.add_argument("configs", nargs="*", type=Path, default=[CONFIGS / "squad-open.yaml", CONFIGS / "tiny.yaml", CONFIGS / "nfcorpus.yaml"])
     serve.add_argument("--cron", help="schedule the full pipelines, e.g. '0 3 * * 0' (each config's corpus refresh runs on its refresh.cron)")
@@ -233,20 +238,19 @@ def _refuse_read_only(args) -> None:
 
 
 def _run_data_parallel(args) -> int:
-    """`--nproc N`: the stage under torchrun (flows/ddp.py: rank 0 alone touches the store)."""
-    import subprocess
+    """`--nproc N`: the stage under torchrun (flows/ddp.py: rank 0 alone touches the store, and
+    alone watches the Prefect server)."""
+    from flows.ddp import launch, torchrun_command
 
     if not (args.stage or "").startswith("train:"):
         raise ValueError(f"--nproc {args.nproc} runs one training stage (--stage train:NAME), not {args.stage or 'the pipeline'}")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-            "-m", "flows.ddp", str(args.config.absolute()), "--stage", args.stage]
-    if args.root:
-        argv += ["--root", str(Path(args.root).absolute())]
-    return subprocess.run(argv, cwd=Path(__file__).resolve().parents[1]).returncode
+    root = ["--root", str(Path(args.root).absolute())] if args.root else []
+    command = torchrun_command(args.nproc, "flows.ddp", str(args.config.absolute()), "--stage", args.stage, *root)
+    return launch(command, cwd=Path(__file__).resolve().parents[1])
 
 
 def _plan(args) -> int:
-    from flows.plan import DAG_FORMATS, plan_text, planned_stages
+    from flows.plan import DAG_FORMATS, OVERVIEW, plan_text, planned_stages
     from flows.registry import plan_for
     from storage import resolve_root
 
@@ -254,7 +258,7 @@ def _plan(args) -> int:
     plan = plan_for(cfg)
     targets = {fmt: getattr(args, fmt) for fmt in DAG_FORMATS if getattr(args, fmt) is not None}
     for fmt, target in targets.items():
-        text = DAG_FORMATS[fmt](plan, reduced=args.reduced)
+        text = DAG_FORMATS[fmt](plan, reduced=args.reduced, view=OVERVIEW if args.overview else args.part)
         if str(target) == "-":
             sys.stdout.write(text)
         else:
@@ -333,7 +337,7 @@ def _search(args) -> int:
 
 
 def _promote(args) -> int:
-    from flows.search import promote, promotions
+    from flows.promotion import promote, promotions
     from storage import ArtifactStore, resolve_root
 
     if args.version is None:
@@ -420,32 +424,49 @@ def _import(args) -> int:
 
 def _verify(args) -> int:
     from storage import ArtifactStore, resolve_root
-    from storage.verify import repair, verify_catalog, verify_store
+    from storage.promotions import ledger_path
+    from storage.verify import repair, repair_promotions, verify_catalog, verify_promotions, verify_store
 
     root = resolve_root(args.root)
-    whole = not (args.artifact or args.config)  # the catalog too; before the open, which may rebuild it
+    whole = not (args.artifact or args.config)  # the catalog and the promotions too; before the open, which may rebuild it
     catalog_checked, catalog_damage = verify_catalog(root) if whole else (False, [])
+    ledger, ledger_damage = verify_promotions(root) if whole else (None, [])
     store = ArtifactStore(root, create=False, writable=args.repair)  # --repair moves folders
     def progress(i: int, n: int, artifact) -> None:
         size = sum(record["bytes"] for record in (artifact.manifest.get("files") or {}).values())
         logging.getLogger("passage_forge").info("verify %d/%d: %s %s (%s bytes)", i, n, artifact.stage,
                                                 artifact.version, f"{size:,}")
     report = verify_store(store, _verify_targets(store, args), progress)
-    report.damaged = catalog_damage + report.damaged
+    report.damaged = catalog_damage + ledger_damage + report.damaged
     for damage in report.damaged:
         print(damage)
     for artifact in report.unrecorded:
         print(f"{artifact.stage} {artifact.version}: no digests recorded (committed before they were): not checked")
-    unchecked = f"; {len(report.unrecorded)} without digests, not checked" if report.unrecorded else ""
-    catalog = " and the catalog" if catalog_checked else ""
-    print(f"verified {report.artifacts} artifacts, {report.files} files{catalog}: {len(report.damaged)} damaged{unchecked}")
+    if ledger is not None and ledger.unchecked:
+        print(f"{ledger_path(root)}: {ledger.unchecked} promotion(s) without digests "
+              "(recorded before they were): not checked")
+    print(_verified_line(report, catalog_checked, ledger is not None))
     if args.repair and report.damaged:
+        kept = repair_promotions(store) if ledger_damage else None  # first: the rebuild below indexes what is kept
         for moved in repair(store, report.damaged):
             print(f"moved {moved.stage} {moved.version} aside to {moved.folder}: the next `pforge run` of a config "
                   "that plans it rebuilds it")
+        if kept is not None:
+            print(f"kept {kept.kept} promotion(s) in {ledger_path(root)} and dropped "
+                  f"{kept.dropped} damaged line(s), whose promotions no longer count (promote again what should "
+                  f"serve); the damaged file is kept as {kept.aside}")
         if catalog_damage:
             print(f"rebuilt {store.catalog.disk_path} from the manifests")
     return 1 if report.damaged else 0  # 1 even once repaired: damage was found
+
+
+def _verified_line(report, catalog_checked: bool, ledger_checked: bool) -> str:
+    """`verified N artifacts, M files[, the catalog][ and the promotions record]: K damaged[; ...]`."""
+    checked = [f"{report.files} files", *(["the catalog"] if catalog_checked else []),
+               *(["the promotions record"] if ledger_checked else [])]
+    listed = f"{', '.join(checked[:-1])} and {checked[-1]}" if len(checked) > 1 else checked[0]
+    unchecked = f"; {len(report.unrecorded)} without digests, not checked" if report.unrecorded else ""
+    return f"verified {report.artifacts} artifacts, {listed}: {len(report.damaged)} damaged{unchecked}"
 
 
 def _verify_targets(store, args) -> list | None:

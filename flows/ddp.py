@@ -13,19 +13,46 @@ build is a Prefect flow run (`passage-forge-ddp`, the stage its task) on the con
 API, with the progress and summary artifacts of any stage. The `batch_size` of the config is
 the global batch (a multiple of the number of ranks); the trained model is the same artifact
 version a single-process run would register.
+
+`pforge run CONFIG --stage train:NAME --nproc N` launches torchrun (`launch`). Rank 0 alone watches
+the Prefect server (flows/server_watchdog.py): its flow run is the only one that talks to it. When
+the server dies, rank 0 hands its one line to the launching `pforge` process, which ends the whole
+run as a single-process run ends: torchrun frozen, then killed without a word (stopping the ranks
+under it, it would report their end as its own failure, with a traceback), rank 0 killed, the
+other ranks and what the ranks started stopped, then the line, exit 2. Under torchrun alone, rank
+0 ends itself with the line and torchrun stops the other ranks its way. Either way the other
+ranks, stopped by SIGTERM, remove their scratch folders and exit without a traceback. The launched
+run's temporary files (its TMPDIR, torchrun's own files among them) are in one folder, which the
+launcher removes when the run ends or is ended so (a signal to `pforge` stops the run without it:
+a small folder is left).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import logging
+import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
-from tasks.training.distributed import Ranks, process_group
+from flows import interrupts
+from flows.server_watchdog import EXIT_CODE, stopping_if_the_server_dies
+
+if TYPE_CHECKING:  # torch: imported by the ranks, never by the launching `pforge`
+    from tasks.training.distributed import Ranks
 
 logger = logging.getLogger("passage_forge")
+STOP_REQUEST = "PFORGE_DDP_STOP_REQUEST"  # set by `launch`: the file rank 0 writes its stop line to
+REQUEST_POLL_S = 0.2    # how often `launch` looks for it
+UNANSWERED_S = 10.0     # a request still running after this (its launcher gone): rank 0 ends itself
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", help="artifact root (default: $PFORGE_HOME, else ./artifacts)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise, as in `pforge`
 
     from flows.registry import plan_for
     from tasks.config import load_config
     import torch
 
     from tasks.compute.device import resolve_device
+    from tasks.training.distributed import process_group
 
     cfg = load_config(args.config)
     plan = plan_for(cfg)
@@ -48,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     if not name.startswith("train:"):  # the builders that leave the writing to rank 0
         raise SystemExit(f"python -m flows.ddp: {name!r} is not a training stage (train:NAME)")
     stage = plan[name]
-    with process_group(torch.device(resolve_device(stage.params.device))) as ranks:
+    with process_group(torch.device(resolve_device(stage.params.device))) as ranks, watching_the_server(ranks):
         if not ranks.main:  # one rank's log is the run's log
             logging.getLogger().setLevel(logging.WARNING)
         if ranks.main:
+            # As in `pforge`: Prefect's log worker reports each failed write on the terminal while
+            # its server is unreachable; the watchdog's one line says what happened instead.
+            logging.raiseExceptions = False
             artifact = lead(plan, name, args.root, ranks, config_name=cfg.name)
             print(f"{name:18s} {artifact.version}")
         else:
@@ -59,6 +91,76 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- the Prefect server dying ------------------------------------------------------------------
+def watching_the_server(ranks: Ranks) -> contextlib.AbstractContextManager:
+    """This rank's watch on the Prefect server: rank 0's, whose flow run is the one that talks to
+    it (ending the run as the module's notes say); none on the other ranks, which run no flow."""
+    if not ranks.main:
+        return contextlib.nullcontext()
+    return stopping_if_the_server_dies(end=_end_run_from_rank_zero)
+
+
+def _end_run_from_rank_zero(line: str) -> None:
+    request = os.environ.get(STOP_REQUEST)
+    if request:
+        part = Path(f"{request}.part")
+        part.write_text(json.dumps({"pid": os.getpid(), "line": line}), encoding="utf-8")
+        os.replace(part, request)  # the launcher reads it whole
+        time.sleep(UNANSWERED_S)  # the launcher stops this process meanwhile
+    interrupts.end_process(line, EXIT_CODE)
+
+
+def torchrun_command(nproc: int, module: str, *args: str) -> list[str]:
+    """torchrun, on one machine (a local rendezvous on a free port), running `python -m MODULE ARGS` on `nproc` ranks."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", module, *args]
+
+
+def launch(command: list[str], cwd: Path) -> int:
+    """Runs torchrun's `command` and returns its exit code; in a `pforge` process (one that ends
+    itself on a signal: flows/interrupts.py), ends the run instead when rank 0 asks (its server
+    died: see the module's notes). A caller's own process (a test's) is never ended."""
+    if not interrupts.installed():
+        return subprocess.run(command, cwd=cwd).returncode
+    # The run's temporary files (torchrun's own among them, which a stopped torchrun cannot remove)
+    # go in one folder, removed once the run is over; rank 0's request too.
+    folder = Path(tempfile.mkdtemp(prefix="pforge-ddp-"))
+    request = folder / "stop"
+    try:
+        torchrun = subprocess.Popen(command, cwd=cwd, env={**os.environ, "TMPDIR": str(folder),
+                                                           STOP_REQUEST: str(request)})
+        while True:
+            try:
+                return torchrun.wait(timeout=REQUEST_POLL_S)
+            except subprocess.TimeoutExpired:
+                if request.is_file():
+                    _end_ranks(torchrun, json.loads(request.read_text(encoding="utf-8")), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end_ranks(torchrun: subprocess.Popen, request: dict, folder: Path) -> None:
+    import psutil
+
+    try:
+        launched = psutil.Process(torchrun.pid).children(recursive=True)  # the ranks (each in a session of its own)
+    except psutil.Error:
+        launched = []
+    torchrun.send_signal(signal.SIGSTOP)  # frozen: it neither restarts nor reports the ranks it loses
+    # Rank 0 has nothing to clean (its build folder is a leftover the next start removes), and on
+    # SIGTERM Prefect's engine would report the flow run crashed, in vain, to the server that is gone.
+    for process in launched:
+        if process.pid == request["pid"]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+    interrupts.stop_processes([p for p in launched if p.pid != request["pid"]], interrupts.CHILD_GRACE_S)
+    torchrun.kill()
+    torchrun.wait()
+    shutil.rmtree(folder, ignore_errors=True)  # end_process exits at once: no finally runs
+    interrupts.end_process(request["line"], EXIT_CODE)
+
+
+# -- the ranks ---------------------------------------------------------------------------------
 def lead(plan, name: str, root: str | None, ranks: Ranks, config_name: str | None = None):
     """Rank 0: build the stage into the store as `pforge run --stage` would, telling the other
     ranks when the build starts (and with which inputs). With `config_name`, as a Prefect flow
@@ -102,13 +204,31 @@ def follow(stage, ranks: Ranks) -> None:
     inputs = ranks.broadcast(None)
     if inputs is None:
         return
-    with tempfile.TemporaryDirectory(prefix=f"pforge-rank{ranks.rank}-") as scratch:
-        out = Path(scratch) / "out"
+    with _scratch_folder(ranks.rank) as scratch:
+        out = scratch / "out"
         out.mkdir()
-        work = (Path(scratch) / "work",) if stage.resumable else ()
+        work = (scratch / "work",) if stage.resumable else ()
         for folder in work:
             folder.mkdir()
         stage.build(stage.params, inputs, out, *work)
+
+
+@contextlib.contextmanager
+def _scratch_folder(rank: int) -> Iterator[Path]:
+    """A temporary folder, removed however the block ends: on SIGTERM too (with which torchrun, or
+    `pforge run --nproc`, stops the other ranks once one has ended), then the process exits at
+    once, without a traceback (128 + SIGTERM, as the shell reports it)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"pforge-rank{rank}-"))
+
+    def stop(signum, frame):
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield folder
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

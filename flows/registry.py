@@ -19,7 +19,7 @@ from tasks.pretrain import stages as pretrain
 from tasks.readers import stages as ingest
 from tasks.rerank import stages as rerank
 from tasks.silver import stages as silver
-from tasks.stage_refs import is_config_reference, split_config_reference
+from tasks.stage_refs import is_config_reference, parse_init_from, split_config_reference
 from tasks.training import stages as training
 
 # Each family declares its stages from the config and the stages declared before it.
@@ -43,13 +43,13 @@ def _resolve_config_references(cfg: PipelineConfig, seen: tuple[Path, ...] = ())
     other.yaml:NAME` (its train:NAME), `qgen.generator: other.yaml:qgen_model` and
     `cross_encoder.model: other.yaml:cross_encoder`."""
     updates = {}
-    if cfg.dense is not None and any(s.init_from and is_config_reference(s.init_from) for s in cfg.dense.systems):
+    inits = [parse_init_from(s.init_from) for s in cfg.dense.systems] if cfg.dense is not None else []
+    if any(init is not None and init.kind == "config" for init in inits):
         systems = []
-        for system in cfg.dense.systems:
-            if system.init_from and is_config_reference(system.init_from):
-                file, name = split_config_reference(system.init_from)
-                version = _planned_elsewhere(cfg, system.init_from, file, f"train:{name}", seen,
-                                             f"has no trained system {name!r}")
+        for system, init in zip(cfg.dense.systems, inits):
+            if init is not None and init.kind == "config":
+                version = _planned_elsewhere(cfg, system.init_from, init.file, f"train:{init.target}", seen,
+                                             f"has no trained system {init.target!r}")
                 system = system.model_copy(update={"init_from": f"dense_model:{version}"})
             systems.append(system)
         updates["dense"] = cfg.dense.model_copy(update={"systems": systems})

@@ -17,6 +17,9 @@ Then the run ends as on a signal (flows/interrupts.py): its children stopped, th
 one `pforge: error:` line, exit 2. Nothing partial is registered: a stage builds into a temporary
 folder and commits by rename, so the one running is left out and the next run rebuilds it,
 reusing every stage committed before.
+
+Under `pforge run --nproc N` the watchdog runs in rank 0 alone, the one rank whose flow run talks to
+the server, and ends the run through the process that launched the ranks (flows/ddp.py).
 """
 from __future__ import annotations
 
@@ -90,27 +93,36 @@ def configured_server_lost(api_url: str, lost_after_s: float = LOST_AFTER_S,
     return check
 
 
-def _watch(check: Callable[[], str | None], done: threading.Event, poll_s: float) -> None:
+def _watch(check: Callable[[], str | None], done: threading.Event, poll_s: float, end: Callable[[str], None]) -> None:
     while not done.wait(poll_s):
         reason = check()
         if reason is not None and not done.is_set():
-            interrupts.end_process(f"pforge: error: {reason}; {STOPPED}", EXIT_CODE)
+            end(f"pforge: error: {reason}; {STOPPED}")
+
+
+def end_this_process(line: str) -> None:
+    """Ends this process as a signal does (its children stopped, its cleanups run), printing `line`."""
+    interrupts.end_process(line, EXIT_CODE)
 
 
 @contextlib.contextmanager
-def stopping_if_the_server_dies(poll_s: float = POLL_S) -> Iterator[None]:
-    """Watches the run's Prefect server while the block runs, in a `pforge` process only (one that
-    ends itself on a signal: flows/interrupts.py); a caller's own process (a test's) is never ended."""
-    if not interrupts.installed():
-        yield
-        return
+def stopping_if_the_server_dies(poll_s: float = POLL_S, end: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Watches the run's Prefect server while the block runs; once it is gone, `end` is called with
+    the one line to print. Without `end`, this process ends, in a `pforge` process only (one that
+    ends itself on a signal: flows/interrupts.py): a caller's own process (a test's) is never ended.
+    A caller that passes `end` owns its process (flows/ddp.py's rank 0)."""
+    if end is None:
+        if not interrupts.installed():
+            yield
+            return
+        end = end_this_process
     from prefect.settings import PREFECT_API_URL
 
     api_url = PREFECT_API_URL.value()
     check = configured_server_lost(api_url) if api_url else ephemeral_server_lost()
     poll_s = max(poll_s, CONFIGURED_POLL_S) if api_url else poll_s
     done = threading.Event()
-    threading.Thread(target=_watch, args=(check, done, poll_s), name="pforge-server-watchdog", daemon=True).start()
+    threading.Thread(target=_watch, args=(check, done, poll_s, end), name="pforge-server-watchdog", daemon=True).start()
     try:
         yield
     finally:

@@ -312,7 +312,7 @@ class _CpuSessions:
 class OnnxBiEncoder(_CpuSessions):
     """`encode_query` / `encode_passage` of a BiEncoder through ORT (one graph per tower: the
     same file for both sides of a shared tower). Takes and returns torch tensors, so
-    tasks/dense/encode.py's batching drives it as it drives the torch model."""
+    tasks/compute/batch_encode.py's batching drives it as it drives the torch model."""
     KIND = "ONNX Runtime encoder"
 
     def __init__(self, paths: dict[str, Path], input_names: Sequence[str], tokenizer, int8: bool,

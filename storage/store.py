@@ -30,8 +30,9 @@ import pyarrow as pa
 
 from . import paths
 from .artifact import Artifact
-from .catalog import Catalog, StoreWriteError, fingerprint, is_disk_full, parse_json_columns, row_from_manifest, write_error
+from .catalog import Catalog, fingerprint, parse_json_columns, row_from_manifest
 from .atomic import atomic_dir
+from .errors import StoreWriteError, is_disk_full, write_error
 from .fsutil import read_only_reason, remove_tree
 from .hashing import canonical_json, normalize, version_for
 from .locks import file_lock

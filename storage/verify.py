@@ -21,6 +21,10 @@ keep them.)
 kept for inspection (the store never deletes it: remove it by hand once looked at), and rebuilds
 the catalog from the manifests (a damaged catalog is replaced so). The version is then no longer
 built, so the next run that needs it builds it again, under the same version.
+
+The promotions record (storage/promotions.py) vouches for itself line by line: `verify_promotions`
+names each damaged line, and `repair_promotions` keeps the lines that are records and moves the
+damaged file aside (kept too).
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ from .fsutil import fsync_dir, read_only_reason
 from .hashing import file_sha256
 from .locks import file_lock
 from .manifest import MANIFEST
+from .promotions import (PROMOTIONS_FILE, LedgerCheck, LedgerRepair, check_ledger, checking_lock, ledger_path,
+                         read_ledger, repair_ledger)
 
 if TYPE_CHECKING:  # the store imports this module; only its type is needed here
     from .store import ArtifactStore
@@ -221,12 +227,33 @@ def verify_catalog(root: Path) -> tuple[bool, list[Damage]]:
     return recorded, [Damage(None, None, *found)] if found is not None else []
 
 
+def verify_promotions(root: Path) -> tuple[LedgerCheck | None, list[Damage]]:
+    """The promotions record's lines (None: nothing was ever promoted) and its damage, one Damage
+    per damaged line, naming the file and the line. Appends wait meanwhile."""
+    if not ledger_path(root).is_file():
+        return None, []
+    with checking_lock(root, writable=read_only_reason(root) is None):
+        check = check_ledger(read_ledger(root))
+    return check, [Damage(None, None, PROMOTIONS_FILE, f"line {line}: {what}") for line, what in check.damaged]
+
+
+def _repair_stamp() -> str:
+    """What tells apart the folders and files one repair moves aside from another's."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+
+
+def repair_promotions(store: ArtifactStore) -> LedgerRepair | None:
+    """The promotions record without its damaged lines, the damaged file kept aside (None when
+    no line is damaged); run before `repair`, whose catalog rebuild then indexes what is kept."""
+    return repair_ledger(store.root, _repair_stamp())
+
+
 def repair(store: ArtifactStore, damaged: Iterable[Damage]) -> list[MovedAside]:
     """Move each version named in `damaged` aside to a `.damaged-` folder beside it (kept, for
     inspection), then rebuild the catalog from the manifests: the version is no longer built, and
     the next run that plans it rebuilds it (tasks.engine.not_needed never leaves it out); a damaged
     catalog is replaced too."""
-    stamp = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+    stamp = _repair_stamp()
     moved = []
     for stage, version in sorted({(d.stage, d.version) for d in damaged if d.stage is not None}):
         folder = paths.version_dir(store.root, stage, version)

@@ -19,7 +19,7 @@ from tasks.qgen.stages import QgenConfig
 from tasks.pretrain.stages import PretrainConfig, check_pretrain_config
 from tasks.rerank.stages import RerankConfig
 from tasks.silver.stages import CrossEncoderConfig, SilverConfig, looks_like_path, model_folder
-from tasks.stage_refs import is_reference
+from tasks.stage_refs import is_reference, parse_init_from
 from tasks.refresh.config import RefreshConfig
 from tasks.runners import RunnerConfig
 from tasks.readers.stages import PROJECT_ROOT, BeirSource, DataConfig, QaFile, QaSource, SplitConfig, SquadSource
@@ -71,15 +71,11 @@ class DenseConfig(_Strict):
             raise ValueError(f"hybrid.system {self.hybrid.system!r} has evaluate: false (it writes no runs)")
         trained = {s.name for s in self.systems if s.train}
         for s in self.systems:
-            init = s.init_from
-            if init and not _is_reference(init) and init not in trained:
-                raise ValueError(f"{s.name}.init_from {init!r} is not a trained dense system of this config {sorted(trained)}")
+            init = parse_init_from(s.init_from)
+            if init is not None and init.kind == "system" and init.target not in trained:
+                raise ValueError(f"{s.name}.init_from {s.init_from!r} is not a trained dense system of this config "
+                                 f"{sorted(trained)}")
         return self
-
-
-def _is_reference(init: str) -> bool:
-    """init_from that names something outside this config (an artifact, another config, a path)."""
-    return init.startswith(("dense_model:", "pretrain:")) or "/" in init or init.startswith(".") or ".yaml:" in init or ".yml:" in init
 
 
 class PipelineConfig(_Strict):

@@ -74,7 +74,7 @@ def test_corpus_passages_are_a_seeded_sample_of_the_artifacts_rows(runtime_encod
 def test_openvino_rows_are_the_project_runtime_at_each_precision(runtime_encoding, tiny_checkpoint):
     from models import BiEncoder
     from models.onnx_runtime import openvino_available
-    from tasks.dense.models import for_inference
+    from tasks.compute.bi_encoder import for_inference
 
     if not openvino_available():
         pytest.skip("openvino not installed")

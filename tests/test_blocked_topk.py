@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.dense.encode import embeddings_table
+from tasks.compute.embeddings import embeddings_table
 from tasks.negatives.blocked_topk import TopK, blocked_top_k, iter_vector_shards
 
 

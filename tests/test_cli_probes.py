@@ -9,7 +9,7 @@ import pytest
 
 from flows.cli import main
 from storage import ArtifactStore, write_table
-from storage.catalog import PROMOTIONS_FILE
+from storage.promotions import PROMOTIONS_FILE
 
 
 def _rows(n: int):

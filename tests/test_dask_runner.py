@@ -227,8 +227,8 @@ def _mining_store(root):
 
     from storage.parquet import write_table
     from storage.shards import move_shards_into, write_shard
+    from tasks.compute.embeddings import embeddings_table, query_vectors_table
     from tasks.compute.search import QUERY_VECTORS
-    from tasks.dense.encode import embeddings_table, query_vectors_table
 
     rng = np.random.default_rng(5)
     pids = [f"p{i}" for i in range(41)]
@@ -260,7 +260,7 @@ def _mining_store(root):
 
 
 def test_dense_mining_in_question_shards_on_dask_gives_the_single_pass_bytes(prefect_harness, tmp_path, monkeypatch):
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute.embeddings import vectors_from_table
     from tasks.negatives import stages
     from tasks.negatives.mining import dense_candidates
     from tasks.negatives.stages import MineParams, build_mined_negatives
@@ -333,7 +333,7 @@ def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harnes
     import numpy as np
 
     from storage.parquet import write_table
-    from tasks.dense.encode import embeddings_table, vectors_from_table
+    from tasks.compute.embeddings import embeddings_table, vectors_from_table
     from tasks.refresh.stages import VectorParams, build_vectors
 
     old = _passages(23)

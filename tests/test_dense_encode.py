@@ -4,7 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tasks.dense.encode import embeddings_table, encode_texts, iter_shards, vectors_from_table
+from tasks.compute.batch_encode import encode_texts, iter_shards
+from tasks.compute.embeddings import embeddings_table, vectors_from_table
 
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "paris", "france", "capital", "is", "of",
          "river", "runs", "through", "city", "big", "small", "red", "blue"]
@@ -116,8 +117,8 @@ def test_iter_shards():
 
 def test_encode_stage_helper_quantises_on_request_and_refuses_cuda(checkpoint):
     from models import BiEncoder
+    from tasks.compute.bi_encoder import for_inference
     from tasks.compute.encode import EncodeConfig, EncodeSettings
-    from tasks.dense.models import for_inference
 
     model = BiEncoder.from_pretrained(str(checkpoint), pooling="mean", normalize=True)
     texts = [("paris", "paris is the capital city"), ("seine", "the river seine flow through paris")]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tasks.dense.faiss_index import build_index, index_params, load_index, load_params, save_index, search
+from tasks.compute.faiss_index import build_index, index_params, load_index, load_params, save_index, search
 from tasks.schemas import RUNS
 
 

@@ -245,3 +245,67 @@ def test_a_paper_page_includes_its_papers_study_rows(page):
     paper = re.search(r"\(paper (\d{3})\)", page.read_text(encoding="utf-8").split("\n", 1)[0])[1]
     section = results_section(page.read_text(encoding="utf-8"))
     assert f"paper-{paper}" in STUDY_INCLUDE.findall(section), page.name
+
+
+# ------------------------------------------------------------------------------ unmeasured columns
+def test_a_column_no_row_measured_is_left_out_and_one_measured_anywhere_stays(gen, project):
+    (project / "benchmarks" / "results" / "times_cpu.md").write_text(
+        "# times\n\n## Times\n\n| CPU | pipeline | `make install` | measured |\n|---|---:|---:|---|\n"
+        "| A | 12 min | - | 2026-12-02 |\n| B | 13 min | - | 2026-12-03 |\n", encoding="utf-8")
+    shown = gen.block_content('results benchmarks/results/times_cpu.md "Times"', project)
+    assert shown == "| CPU | pipeline | measured |\n|---|---:|---|\n| A | 12 min | 2026-12-02 |\n| B | 13 min | 2026-12-03 |"
+    (project / "benchmarks" / "results" / "times_cpu.md").write_text(
+        "# times\n\n## Times\n\n| CPU | `make install` |\n|---|---:|\n| A | - |\n| B | 4 min 2 s |\n", encoding="utf-8")
+    assert "| B | 4 min 2 s |" in gen.block_content('results benchmarks/results/times_cpu.md "Times"', project)
+
+
+def test_getting_started_gives_the_make_install_time_only_when_a_committed_run_holds_one():
+    import json
+
+    runs = json.loads((PROJECT_ROOT / "benchmarks" / "results" / "demo_run_cpu.json").read_text(encoding="utf-8"))
+    page = (PROJECT_ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    times = page.split('demo_run_cpu.md "Times" -->', 1)[1].split("<!-- end generated -->", 1)[0]
+    assert ("`make install` |" in times) == any(run.get("install_s") for run in runs)
+
+
+# ------------------------------------------------------------------------------ stage times (a hook)
+def _record(stages, cpu="CPU X (family 1 model 2)", **extra):
+    return {"machine": {"key": cpu, "cores": 2}, "stages": [
+        {"step": step, "version": version, "artifact": artifact, "rows": rows, "build_s": seconds,
+         "created_at": f"2026-12-01T00:00:{i:02d}"} for i, (step, version, artifact, rows, seconds) in enumerate(stages)],
+        **extra}
+
+
+def test_stage_times_lists_each_stage_version_once_and_a_systems_stages_as_one_row(tmp_path):
+    import json
+
+    hooks = docs_script("hooks")
+    records = tmp_path / "studies" / "s" / "records"
+    records.mkdir(parents=True)
+    shared = [("chunk", "c1", "passages", 1000, 2.0), ("encode:a", "e1", "embeddings", 1000, 100.0)]
+    (records / "a.json").write_text(json.dumps(_record(shared + [("train:a", "t1", "dense_model", 0, 600.0)])))
+    (records / "b.json").write_text(json.dumps(_record(shared + [("train:b", "t2", "dense_model", 0, 1800.0),
+                                                                 ("encode:b", "e2", "embeddings", 1000, 300.0)])))
+    # a backfilled record's figure for a version another record measured is not the one shown
+    (records / "c.json").write_text(json.dumps(_record([("chunk", "c1", "passages", 1000, 99.0)],
+                                                       backfilled_from="docs at an older commit")))
+    table = hooks.stage_times(tmp_path, "studies/s/records", "scaled", "to", "1000000", "passages").split("\n")
+    assert table[0] == "| stage | builds | rows | build time, median (range) | at 1,000,000 passages, linear | CPU |"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:]}
+    assert list(rows) == ["`chunk`", "`encode:*`", "`train:*`"]
+    assert rows["`chunk`"] == "| `chunk` | 1 | 1,000 | 2.0 s | 33 min 20 s | CPU X (family 1 model 2), 2 cores |"
+    assert "| 2 | 1,000 | 3 min 20 s (1 min 40 s to 5 min 0 s) | 2.3 days |" in rows["`encode:*`"]
+    assert "| 2 | - | 20 min 0 s (10 min 0 s to 30 min 0 s) | - |" in rows["`train:*`"]
+    with pytest.raises(ValueError, match="scaled to N passages"):
+        hooks.stage_times(tmp_path, "studies/s/records", "scaled", "to", "many")
+
+
+def test_operations_draws_the_studys_stage_times_from_its_records_as_the_site_is_built():
+    hooks = docs_script("hooks")
+    page = (PROJECT_ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    markers = hooks.STAGE_TIMES.findall(page)
+    assert markers == ["studies/squad-open/records scaled to 21015324 passages"]
+    table = hooks.stage_times(PROJECT_ROOT, *markers[0].split())
+    assert "| `encode:*` |" in table and "| `chunk` |" in table
+    rendered = hooks.on_page_markdown(page, None, {"config_file_path": str(PROJECT_ROOT / "mkdocs.yml")}, None)
+    assert table in rendered and "<!-- stage-times:" not in rendered

@@ -1,7 +1,7 @@
 """The documentation site (mkdocs.yml, docs/) as CI checks it: `mkdocs build --strict` passes with no
 warning and fails on a broken link or anchor (so the check itself is proven); the README stays short
 and links into pages that exist; every stage DAG drawn in the README and the docs is what
-`pforge plan --mermaid --reduced` writes now, and every page and block docs/generate.py writes (config pages,
+`pforge plan --mermaid --reduced [--overview | --part N]` writes now, and every page and block docs/generate.py writes (config pages,
 DAGs, generated results tables, the Changelog) is current (tests/test_docs_generated.py tests the
 generated blocks themselves)."""
 from __future__ import annotations
@@ -34,12 +34,15 @@ def test_the_site_builds_strictly_without_a_warning(tmp_path):
         assert (site / page / "index.html").exists(), page
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for documented in ("storage.store.ArtifactStore", "storage.store.ArtifactStore.materialize", "storage.catalog.Catalog",
-                       "storage.paths.resolve_root", "flows.search.search", "flows.search.promote",
+                       "storage.paths.resolve_root", "flows.search.search", "flows.promotion.promote",
                        "tasks.config.load_config", "flows.plan.mermaid"):
         assert f'id="{documented}"' in api, documented
     assert 'class="mermaid"' in (site / "getting-started" / "index.html").read_text(encoding="utf-8")
     # The config page's YAML comes from configs/ itself (a snippet), so it cannot go stale.
     assert "wikipedia_max_pages" in (site / "configs" / "demo" / "index.html").read_text(encoding="utf-8")
+    # The study's stage times are drawn from its records as the site is built (docs/hooks.py).
+    operations = (site / "operations" / "index.html").read_text(encoding="utf-8")
+    assert "<code>encode:*</code>" in operations and "stage-times:" not in operations
 
 
 @pytest.mark.parametrize("bad_link", ["no-such-page.md", "concepts.md#no-such-section"])
@@ -111,23 +114,24 @@ def test_every_generated_page_and_block_is_current(shared_data):
 
 def test_every_dag_in_the_docs_is_what_pforge_plan_writes_now(shared_data, tmp_path, capsys):
     gen = docs_script("generate")
-    drawn = [(page, config, dag) for page in [README, *sorted(DOCS.rglob("*.md"))]
-             for config, dag in gen.marked_dags(page.read_text(encoding="utf-8"))]
-    configs = {config for _, config, _ in drawn}
+    drawn = [(page, config, option, dag) for page in [README, *sorted(DOCS.rglob("*.md"))]
+             for config, option, dag in gen.marked_dags(page.read_text(encoding="utf-8"))]
+    configs = {config for _, config, _, _ in drawn}
     # Every shipped config is drawn, unless it cannot be planned here: a plan hashes the input files,
     # and DPR's passage TSV is not in ../shared/data. Its page says so, and `pforge plan` must agree.
     for config in sorted({f"configs/{p.name}" for p in gen.shipped_configs()} - configs):
         assert main(["--root", str(tmp_path / "store"), "plan", str(PROJECT_ROOT / config)]) == 2, config
         assert "not found" in capsys.readouterr().err, config
         assert "Not drawn here" in (DOCS / "configs" / f"{Path(config).stem}.md").read_text(encoding="utf-8")
-    assert {page for page, config, _ in drawn if config == "configs/demo.yaml"} >= {
+    assert {page for page, config, _, _ in drawn if config == "configs/demo.yaml"} >= {
         README, DOCS / "index.md", DOCS / "getting-started.md"}
     written = {}
-    for config in sorted(configs):
-        target = tmp_path / f"{Path(config).stem}.mmd"
+    for config, option in sorted({(config, option or "") for _, config, option, _ in drawn}):
+        target = tmp_path / f"{Path(config).stem}{option.replace(' ', '')}.mmd"
         assert main(["--root", str(tmp_path / "store"), "plan", str(PROJECT_ROOT / config), "--mermaid", str(target),
-                     "--reduced"]) == 0
-        written[config] = target.read_text(encoding="utf-8")
+                     "--reduced", *option.split()]) == 0
+        written[config, option] = target.read_text(encoding="utf-8")
     capsys.readouterr()
-    stale = [f"{page.relative_to(PROJECT_ROOT)}: {config}" for page, config, dag in drawn if dag != written[config]]
+    stale = [f"{page.relative_to(PROJECT_ROOT)}: {config} {option or ''}" for page, config, option, dag in drawn
+             if dag != written[config, option or ""]]
     assert not stale, f"DAGs that differ from `pforge plan --mermaid --reduced` (run `make docs-generate`): {stale}"

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from storage import ArtifactStore, write_table
+from tasks.compute.embeddings import embeddings_table, query_vectors_table
 from tasks.compute.search import QUERY_VECTORS
-from tasks.dense.encode import embeddings_table, query_vectors_table
 from tasks.engine import NoParams, Stage, run_stage
 from tasks.fusion.embedding import (align_vectors, fuse_vectors, fused_passage_index, retrieve, rows_in_order,
                                     tune_coefficients)

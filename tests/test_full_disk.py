@@ -14,7 +14,8 @@ import pytest
 
 from flows.cli import main
 from storage import ArtifactStore, write_table
-from storage.catalog import Catalog, StoreWriteError
+from storage.catalog import Catalog
+from storage.errors import StoreWriteError
 from tasks.config import PROJECT_ROOT, load_config
 
 TINY = PROJECT_ROOT / "configs" / "tiny.yaml"

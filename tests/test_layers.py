@@ -1,8 +1,9 @@
 """The layering, enforced: the import-linter contracts in pyproject.toml (storage < models < tasks <
-flows) pass, and no stage family imports another family's `stages.py` beyond the known exceptions
+flows; within tasks, every stage family above the compute layer) pass, and no stage family imports another family's `stages.py` beyond the known exceptions
 listed here (each to be removed, never added to: a family shares code through a library module)."""
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -39,6 +40,16 @@ def test_the_import_linter_contracts_pass():
     proc = subprocess.run([str(lint)], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
+
+
+def test_the_compute_contract_puts_every_family_above_the_compute_layer():
+    # tasks.compute could import a family the contract leaves out, unseen: it lists them all.
+    contracts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    compute = next(c for c in contracts if c.get("containers") == ["tasks"])
+    families, bottom = compute["layers"]
+    packages = {p.parent.name for p in (PROJECT_ROOT / "tasks").glob("*/__init__.py")}
+    assert bottom == "compute"
+    assert {name.strip() for name in families.split(":")} == packages - {"compute"}
 
 
 def test_no_family_reaches_into_another_familys_stages_beyond_the_known_exceptions():

@@ -8,7 +8,7 @@ from models import BiEncoder
 from models.cross_encoder import CrossEncoderModel
 from models.onnx_runtime import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, openvino_available,
                                  resolve_runtime)
-from tasks.dense.models import encode_side, for_inference
+from tasks.compute.bi_encoder import encode_side, for_inference
 
 pytestmark = pytest.mark.skipif(not onnx_available(), reason="onnx / onnxruntime not installed")
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from flows.cli import main
-from flows.search import latest_promotion, promote, promotions
+from flows.promotion import latest_promotion, promote, promotions
 from storage import ArtifactStore, write_table
-from storage.catalog import PROMOTIONS_FILE
+from storage.promotions import PROMOTIONS_FILE
 
 
 def _model(store: ArtifactStore, name: str, with_folder: bool = True) -> str:

@@ -1,12 +1,13 @@
-"""Generator fine-tuning (tasks/qgen/finetune.py) on a tiny random GPT-2 with a toy WordLevel
-tokenizer built offline."""
+"""Generator fine-tuning (tasks/qgen/finetune.py, on the shared training loop) on a tiny random
+GPT-2 with a toy WordLevel tokenizer built offline."""
 import json
 import logging
 
 import pytest
 import torch
 
-from tasks.qgen.finetune import GeneratorTrainArgs, epoch_order, finetune_generator
+from tasks.qgen.finetune import GeneratorTrainArgs, finetune_generator
+from tasks.training.data import epoch_order
 from tasks.training.trainer import list_checkpoints
 
 PAIRS = [
@@ -88,8 +89,9 @@ def test_each_epoch_is_a_new_shuffle_of_all_pairs(make_generator, tmp_path, monk
         return real_batch(passages, questions, **kw)
 
     monkeypatch.setattr(gen, "training_batch", recording_batch)
-    finetune_generator(gen, pairs, DEV, args(max_steps=6), tmp_path, device="cpu")
+    out = finetune_generator(gen, pairs, DEV, args(max_steps=6), tmp_path, device="cpu")
     assert [len(b) for b in seen] == [4, 4, 2] * 2
+    assert out["pairs_per_second"] * out["seconds"] == pytest.approx(20)  # the short batches count as they are
     epochs = [sum(seen[:3], []), sum(seen[3:], [])]
     for epoch, questions in enumerate(epochs):
         assert questions == [pairs[i][1] for i in epoch_order(len(pairs), 3, epoch)]
@@ -97,7 +99,7 @@ def test_each_epoch_is_a_new_shuffle_of_all_pairs(make_generator, tmp_path, monk
 
 
 def test_training_lowers_train_and_dev_loss(make_generator, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="tasks.qgen.finetune")
+    caplog.set_level(logging.INFO, logger="tasks.training.trainer")
     out = finetune_generator(make_generator(), TRAIN * 2, DEV, args(max_steps=None, epochs=6, eval_every=5),
                              tmp_path, device="cpu")
     losses = [h["loss"] for h in out["history"]]
@@ -105,7 +107,8 @@ def test_training_lowers_train_and_dev_loss(make_generator, tmp_path, caplog):
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
     assert [s for s, _ in out["dev_curve"]] == [0, 5, 10, 15, 20, 25, 30]
     assert out["dev_curve"][-1][1] < 0.5 * out["dev_curve"][0][1]
-    assert out["best_step"] > 0 and out["best_dev_loss"] == min(v for _, v in out["dev_curve"])
+    assert out["best_step"] > 0 and out["best_metric"] == min(v for _, v in out["dev_curve"])
+    assert out["start_metric"] == out["dev_curve"][0][1]
     assert out["resumed_from"] is None and out["pairs_per_second"] > 0
     assert json.loads((tmp_path / "history.json").read_text())["best_step"] == out["best_step"]
     # about every 10% of the steps a line, when there is no bar
@@ -115,7 +118,7 @@ def test_training_lowers_train_and_dev_loss(make_generator, tmp_path, caplog):
     best.model.eval()
     with torch.no_grad():
         batch = best.training_batch([p for p, _ in DEV], [q for _, q in DEV])
-        assert float(best.loss(batch)) == pytest.approx(out["best_dev_loss"], rel=1e-4)
+        assert float(best.loss(batch)) == pytest.approx(out["best_metric"], rel=1e-4)
 
 
 def test_resume_is_exact(make_generator, tmp_path, monkeypatch):
@@ -138,6 +141,9 @@ def test_resume_is_exact(make_generator, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         finetune_generator(killed_gen, TRAIN, DEV, run, tmp_path / "parts", device="cpu")
     assert [s for s, _ in list_checkpoints(tmp_path / "parts")] == [4]
+    # a checkpoint's model is a generator folder, as best/ is
+    saved = make_generator(list_checkpoints(tmp_path / "parts")[0][1] / "model")
+    assert saved.kind == "causal" and saved.model.state_dict().keys() == killed_gen.model.state_dict().keys()
 
     torch.manual_seed(123)  # a fresh process's RNG: the checkpoint must restore it
     resumed_gen = make_generator()
@@ -152,6 +158,18 @@ def test_resume_is_exact(make_generator, tmp_path, monkeypatch):
     assert [s for s, _ in list_checkpoints(tmp_path / "parts")] == [8]  # keep_checkpoints=1
 
 
+def test_a_checkpoint_holding_a_bare_state_dict_is_dropped_and_the_run_starts_afresh(make_generator, tmp_path, caplog):
+    old = tmp_path / "checkpoints" / "step-0000002"
+    old.mkdir(parents=True)
+    gen = make_generator()
+    torch.save(gen.model.state_dict(), old / "model.pt")
+    torch.save({"step": 2, "total_steps": 3, "n_train": len(TRAIN)}, old / "trainer_state.pt")
+    with caplog.at_level(logging.WARNING, logger="tasks.qgen.finetune"):
+        out = finetune_generator(gen, TRAIN, DEV, args(max_steps=3), tmp_path, device="cpu")
+    assert out["resumed_from"] is None and len(out["history"]) == 3 and not old.exists()
+    assert any("cannot resume" in r.getMessage() for r in caplog.records)
+
+
 def test_resume_refuses_another_run(make_generator, tmp_path):
     finetune_generator(make_generator(), TRAIN, DEV, args(max_steps=2, checkpoint_every=2), tmp_path, device="cpu")
     with pytest.raises(ValueError, match="another out_dir"):
@@ -164,7 +182,7 @@ def test_rising_dev_loss_keeps_the_untrained_model(make_generator, tmp_path):
     out = finetune_generator(gen, TRAIN, DEV, args(lr=30.0, warmup_ratio=0, max_grad_norm=None, eval_every=2),
                              tmp_path, device="cpu")
     assert min(v for s, v in out["dev_curve"] if s > 0) > out["dev_curve"][0][1]
-    assert (out["best_step"], out["best_dev_loss"]) == (0, out["dev_curve"][0][1])
+    assert (out["best_step"], out["best_metric"]) == (0, out["dev_curve"][0][1])
     assert_same_weights(weights(make_generator(tmp_path / "best")), start, tol=0)
 
 

@@ -1,7 +1,8 @@
 """A store on a root this process cannot write (a read-only mount: a container, a shared volume)
 serves its readers (`pforge artifacts`, `sql`, `search`, `plan`, `verify`) without writing a byte
 there, through the catalog on disk when it is current and a private one when it is stale; its
-writers (`run`, `refresh`, `promote`, `gc`, `import`) refuse it in one line, exit 2.
+writers (`run`, `refresh`, `promote`, `gc`, `import`, and `serve`, whose every deployment builds into
+the root) refuse it in one line, exit 2.
 
 As root (these machines) the root is made read-only by a read-only bind mount over itself (root
 ignores permission bits); as another user, by chmod -R a-w."""
@@ -189,6 +190,17 @@ def test_a_root_repaired_then_mounted_read_only_serves_what_is_left(tmp_path, ca
         assert _tree(root) == before
 
 
+def test_verify_reads_the_promotions_record_of_a_read_only_root(tmp_path, capsys):
+    built = _small_store(tmp_path / "store")
+    built["store"].catalog.record_promotion("numbers", built["second"].version)
+    built["store"].reconcile(force=True)
+    with read_only(tmp_path / "store") as root:
+        before = _tree(root)
+        rc, out, err = _cli(capsys, root, "verify")  # no lock taken: nothing appends to a read-only record
+        assert rc == 0 and out.rstrip().endswith(", the catalog and the promotions record: 0 damaged"), out + err
+        assert _tree(root) == before
+
+
 # -- writers ------------------------------------------------------------------------------------
 def _refusal(root: Path) -> str:
     return f"pforge: error: {root}: the artifact store is read-only ("
@@ -205,7 +217,7 @@ def no_flows(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["run", str(TINY)], ["run", str(TINY), "--stage", "chunk"], ["refresh", str(TINY)],
                                   ["promote", "0123abcd"], ["gc"], ["gc", "--keep", "1"],
-                                  ["import", "numbers-0123.json"], ["verify", "--repair"]],
+                                  ["import", "numbers-0123.json"], ["verify", "--repair"], ["serve", str(TINY)]],
                          ids=lambda argv: " ".join(Path(a).name for a in argv))
 def test_writers_refuse_a_read_only_root_in_one_line(shared_data, tmp_path, capsys, no_flows, argv):
     _small_store(tmp_path / "store")

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 
 from flows.cli import main
-from flows.search import promote, search
+from flows.promotion import promote
+from flows.search import search
 from storage import ArtifactStore
 from tasks.errors import InputError
 from tasks.refresh.locate import expand_date, locate_dump
@@ -91,7 +92,7 @@ def _rows(store: ArtifactStore) -> set[tuple[str, str]]:
 
 
 def _count_encoded(monkeypatch) -> list[int]:
-    import tasks.dense.encode as encode
+    import tasks.compute.batch_encode as encode
 
     calls, real = [], encode.encode_texts
 
@@ -193,8 +194,8 @@ def test_unchanged_passages_were_not_reencoded_and_keep_their_vectors(refreshed)
 
 
 def test_the_faiss_index_drops_deleted_passages_and_finds_new_ones(refreshed):
-    from tasks.dense import faiss_index
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute import faiss_index
+    from tasks.compute.embeddings import vectors_from_table
     from tasks.refresh.faiss_update import IDS_TABLE, pids_by_id
 
     store, stats = refreshed["store"], refreshed["report"].manifest["stats"]
@@ -355,8 +356,8 @@ def test_a_glob_takes_the_newest_dump_and_a_path_must_exist(tmp_path):
 # ------------------------------------------------------------------------------- FAISS updates
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
 def test_faiss_updates_remove_and_add_by_id_for_every_index_kind(kind):
-    from tasks.dense import faiss_index
-    from tasks.dense.encode import embeddings_table
+    from tasks.compute import faiss_index
+    from tasks.compute.embeddings import embeddings_table
     from tasks.refresh.faiss_update import pids_by_id, previous_ids, update_index
 
     rng = np.random.default_rng(0)

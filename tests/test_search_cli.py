@@ -8,7 +8,8 @@ import pytest
 
 from flows.cli import main
 from flows.pipeline import pipeline
-from flows.search import promote, search
+from flows.promotion import promote
+from flows.search import search
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, FusionConfig, HybridConfig, load_config
 

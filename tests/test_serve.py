@@ -1,5 +1,12 @@
+import os
+import subprocess
+import sys
+import types
+
+import pytest
 from prefect.utilities.callables import parameter_schema
 
+from flows.cli import main
 from flows.pipeline import pipeline
 from flows.registry import plan_for
 from flows.serve import build_deployments
@@ -89,3 +96,84 @@ def test_serve_waits_for_a_server_still_starting_with_bounded_back_off(monkeypat
                                            r"\(ConnectError: refused\)"):
         serve_module.wait_for_server("http://h:1/api", within_s=30, sleep=waits.append, clock=lambda: next(clock))
     assert waits and max(waits) <= 8.0 and len(waits) < 10
+
+
+# -- bad input ----------------------------------------------------------------------------------
+class _Unreachable(types.ModuleType):
+    def __getattr__(self, name):
+        raise AssertionError(f"{self.__name__}.{name} was reached: the bad input was not refused first")
+
+
+@pytest.fixture
+def nothing_served(monkeypatch):
+    """The flows, Prefect's `serve` and the wait for a server fail the test if a refusal comes after them."""
+    for module in ("flows.pipeline", "flows.refresh", "flows.registry"):
+        monkeypatch.setitem(sys.modules, module, _Unreachable(module))
+    from flows import serve as serve_module
+
+    def reached(*_args, **_kwargs):
+        raise AssertionError("a server was waited for or served: the bad input was not refused first")
+    monkeypatch.setattr("prefect.serve", reached)
+    monkeypatch.setattr(serve_module, "wait_for_server", reached)
+
+
+def _serve(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return code, captured.err
+
+
+def _refused(code: int, err: str, start: str) -> None:
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"pforge: error: {start}"), err
+
+
+def test_serve_refuses_bad_input_in_one_line_before_the_flows_load(tmp_path, capsys, nothing_served):
+    tiny = PROJECT_ROOT / "configs" / "tiny.yaml"
+    root = ["--root", str(tmp_path / "store")]
+    _refused(*_serve(capsys, *root, "serve", str(tmp_path / "nope.yaml")), f"{tmp_path / 'nope.yaml'}: cannot read config")
+    _refused(*_serve(capsys, *root, "serve", str(tiny), "--cron", "61 * * * *"),
+             "--cron: '61 * * * *' is not a cron schedule (5 fields: minute hour day month weekday")
+    hourly = tmp_path / "hourly.yaml"
+    hourly.write_text(f"extends: {tiny}\nname: hourly\nrefresh: {{cron: '0 25 * * *'}}\n")
+    _refused(*_serve(capsys, *root, "serve", str(hourly)), f"{hourly}: refresh.cron: '0 25 * * *' is not a cron schedule")
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(f"extends: {tiny}\n")  # the name it inherits is tiny's
+    _refused(*_serve(capsys, *root, "serve", str(tiny), str(twin)),
+             f"{tiny} and {twin} are both named 'tiny': their deployments would replace each other's")
+    (tmp_path / "a-file").write_text("")
+    _refused(*_serve(capsys, "--root", str(tmp_path / "a-file"), "serve", str(tiny)),
+             f"{tmp_path / 'a-file'}: no artifact store there (it is a file, not a folder)")
+    assert not (tmp_path / "store").exists()  # nothing made
+
+
+@pytest.mark.parametrize("api_url, problem", [("http://127.0.0.1:99999/api", "port 99999 is outside 1..65535"),
+                                              ("localhost:4200/api", "not an http(s) URL"),
+                                              ("http:///api", "no host in it")])
+def test_serve_refuses_a_bad_prefect_api_url_in_one_line_before_any_wait(tmp_path, capsys, nothing_served, api_url,
+                                                                         problem):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        code, err = _serve(capsys, "--root", str(tmp_path), "serve", str(PROJECT_ROOT / "configs" / "tiny.yaml"))
+    _refused(code, err, f"PREFECT_API_URL {api_url!r}: {problem}; set it to a Prefect server's API, e.g. "
+                        "http://127.0.0.1:4200/api")
+
+
+def test_serve_checks_its_inputs_then_serves_every_deployment(tmp_path, monkeypatch):
+    from flows import serve as serve_module
+
+    served = []
+    monkeypatch.setattr("prefect.serve", lambda *deployments: served.extend(deployments))
+    serve_module.serve_pipeline([PROJECT_ROOT / "configs" / "tiny.yaml"], root=str(tmp_path / "new-root"))
+    assert served and served[0].name == "tiny" and served[-1].name == "tiny--corpus-refresh"
+
+
+def test_a_refused_serve_never_imports_the_flows_or_prefects_serving(tmp_path):
+    script = ("import sys; from flows.cli import main; code = main(['--root', sys.argv[1], 'serve', sys.argv[2]]); "
+              "print(code, *(m in sys.modules for m in ('flows.pipeline', 'flows.refresh', 'prefect.flows', "
+              "'prefect.deployments')))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path), str(tmp_path / "nope.yaml")], cwd=PROJECT_ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False", "False", "False", "False"], done.stdout + done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"pforge: error: {tmp_path / 'nope.yaml'}: cannot read config")

@@ -5,6 +5,8 @@ leaves nothing running, and the rerun completes, reusing every stage the first r
 for minutes, its workers printed every failure, and the run was still at the next stage minutes
 later. The ephemeral server's case is run to the rerun; a configured server's (PREFECT_API_URL)
 to the stop, its rerun being the same as the first case's (its start costs another 20-40 s)."""
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -176,3 +179,88 @@ def test_a_configured_server_counts_as_gone_only_when_unreachable_for_lost_after
     finally:
         server.shutdown()
         silent.close()
+
+
+# -- `pforge run --nproc N`: the ranks of a data-parallel run ---------------------------------------
+# A `pforge` process (it ends itself on signals, flows/interrupts.py) launching the ranks, as
+# `pforge run CONFIG --stage train:NAME --nproc 2` does.
+LAUNCHER = ("import sys; from pathlib import Path; from flows.interrupts import stop_on_signals; stop_on_signals(); "
+            "from flows.ddp import launch; sys.exit(launch(sys.argv[1:], Path.cwd()))")
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("launched_by", ["pforge", "torchrun"])
+def test_under_nproc_rank_zero_watches_the_server_and_every_rank_stops_when_it_dies(tmp_path, launched_by):
+    """tests/ddp_server_death.py: rank 0's stand-in server dies while rank 1 waits on rank 0 in a
+    collective. Through `pforge`: one line, the last, exit 2, no traceback (torchrun's report of its
+    ranks' end among them). Under torchrun alone: rank 0's line, and torchrun reports the failure.
+    Either way no rank is left running and no scratch folder is left behind."""
+    from flows.ddp import torchrun_command
+    from flows.server_watchdog import STOPPED
+
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    scratch.mkdir()
+    env = pforge_env(tmp_path, TMPDIR=str(scratch), OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT),
+                     **dict.fromkeys(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+    command = torchrun_command(2, "tests.ddp_server_death", str(out))
+    if launched_by == "pforge":
+        command = [sys.executable, "-c", LAUNCHER, *command]
+    log = tmp_path / "run.log"
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                               start_new_session=True, preexec_fn=default_signals)
+    try:
+        code = process.wait(timeout=600)  # torchrun and two ranks importing torch, on a loaded machine too
+        exited_at = time.time()
+        started = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+        left = [pid for record in started for key, pid in record.items()
+                if key in ("pid", "server", "torchrun") and not _stopped(pid)]
+    finally:
+        kill_session(process)
+        for record in [json.loads(p.read_text()) for p in out.glob("rank*.json")]:
+            for pid in (record["pid"], *([record["server"]] if "server" in record else [])):
+                with contextlib.suppress(psutil.Error):  # the ranks are sessions of their own
+                    psutil.Process(pid).kill()
+    output = log.read_text(errors="replace")
+    assert len(started) == 2, output[-3000:]
+    rank0, rank1 = started
+    line = f"pforge: error: the run's temporary Prefect server stopped; {STOPPED}"
+    assert [row for row in output.splitlines() if row.startswith("pforge:")] == [line], output[-3000:]
+    if launched_by == "pforge":
+        assert code == 2 and output.rstrip().splitlines()[-1] == line, output[-3000:]
+        assert "Traceback" not in output and "ChildFailedError" not in output, output[-3000:]
+        assert exited_at - rank0["killed_at"] < STOPS_WITHIN_S
+    else:
+        assert code != 0
+    assert left == [], (left, output[-3000:])
+    assert not Path(rank1["scratch"]).exists()
+    if launched_by == "pforge":  # torchrun's own temporary folder too, which a stopped torchrun cannot remove
+        assert list(scratch.iterdir()) == [], list(scratch.iterdir())
+
+
+def test_only_rank_zero_watches_the_server_and_ends_the_run_its_own_way(monkeypatch):
+    """flows/ddp.py: rank 0's flow run alone talks to the server, so it alone watches it, and hands
+    its line to the launcher (`_end_run_from_rank_zero`), not to the signal machinery of a `pforge`
+    process it is not; the other ranks start no watchdog."""
+    from flows import ddp, server_watchdog
+    from flows.server_watchdog import POLL_S, STOPPED
+    from tasks.training.distributed import Ranks
+
+    lost = "the run's temporary Prefect server stopped"
+    monkeypatch.setattr(server_watchdog, "ephemeral_server_lost", lambda: lambda: lost)
+    monkeypatch.setattr(server_watchdog, "configured_server_lost", lambda url: lambda: lost)
+    ended: list[str] = []
+    monkeypatch.setattr(ddp, "_end_run_from_rank_zero", ended.append)
+    for rank in (1, 2, 0):
+        with ddp.watching_the_server(Ranks(rank=rank, world_size=3)):
+            watching = [t for t in threading.enumerate() if t.name == "pforge-server-watchdog" and t.is_alive()]
+            deadline = time.monotonic() + (10 if rank == 0 else 3 * POLL_S)
+            while not ended and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert (len(watching), set(ended)) == ((1, {f"pforge: error: {lost}; {STOPPED}"}) if rank == 0 else (0, set()))

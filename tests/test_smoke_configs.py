@@ -319,7 +319,7 @@ def test_a_title_longer_than_the_passage_length_is_cut_in_its_row_only():
     from transformers import AutoTokenizer
 
     from models.checkpoints import resolve_checkpoint
-    from tasks.dense.encode import _tokenize_unpadded
+    from tasks.compute.batch_encode import _tokenize_unpadded
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint("minilm"))
     pairs = [("Short title", "some passage text " * 20), ("a very long title " * 20, "its passage text " * 20)]

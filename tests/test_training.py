@@ -189,7 +189,8 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
 
     first = new_model(checkpoint, seed=1)  # same start as `one`
     with pytest.raises(Crash):
-        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples, tiny_args(**{**args.model_dump(), "eval_every": 1}),
+        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples,
+                         tiny_args(**{**args.model_dump(), "eval_every": 1, "eval_at_start": False}),
                          tmp_path / "two", evaluator=FnEvaluator(crash_after_checkpoint), progress=False)
     assert latest_checkpoint(tmp_path / "two").name == "step-0000004"
 
@@ -202,6 +203,65 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
     hist_one = json.loads((tmp_path / "one" / "history.json").read_text())["history"]
     assert [h["loss"] for h in hist_one] == pytest.approx([h["loss"] for h in result["history"]], abs=1e-6)
     assert [p.name for p in (tmp_path / "one" / "checkpoints").iterdir()] != []
+
+
+def test_a_resumed_run_keeps_the_dev_curve_and_the_start_metric_of_its_first_part(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    args = tiny_args(max_steps=6, eval_every=2, checkpoint_every=2, hard_negatives=0, eval_at_start=True)
+    scores = iter([0.5, 0.7, 0.6, 0.4])  # steps 0 and 2, then after the resume 4 and 6
+    evaluator = FnEvaluator(lambda m: next(scores))
+
+    first = new_model(checkpoint)
+    with pytest.raises(Crash):  # killed in step 3, after the step-2 checkpoint
+        train_bi_encoder(first, InBatchSoftmaxLoss(first), examples, args, tmp_path, evaluator=evaluator,
+                         callbacks=[crash_at(3)], progress=False)
+    second = new_model(checkpoint)
+    result = train_bi_encoder(second, InBatchSoftmaxLoss(second), examples, args, tmp_path, evaluator=evaluator,
+                              progress=False)
+    assert result["resumed_from"].endswith("step-0000002")
+    assert result["dev_curve"] == [(0, 0.5), (2, 0.7), (4, 0.6), (6, 0.4)]
+    assert result["start_metric"] == pytest.approx(0.5)
+    assert (result["best_step"], result["best_metric"]) == (2, pytest.approx(0.7))
+
+
+def test_a_checkpoint_of_a_run_of_another_length_is_refused(checkpoint, tmp_path):
+    examples = make_examples(n=8)
+    model = new_model(checkpoint)
+    train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(max_steps=2, checkpoint_every=2,
+                     hard_negatives=0), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="run of 2 steps, not 4: use another out_dir"):
+        train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, tiny_args(max_steps=4, hard_negatives=0),
+                         tmp_path, progress=False)
+
+
+def test_shuffled_batches_cut_each_epochs_shuffle_and_resume_mid_epoch():
+    from tasks.training.data import ShuffledBatches, epoch_order
+
+    full, all_ = ShuffledBatches(10, 4, seed=3), ShuffledBatches(10, 4, seed=3, drop_last=False)
+    assert (len(full), len(all_)) == (2, 3)
+    first = list(all_)
+    assert [len(b) for b in first] == [4, 4, 2] and sum(first, []) == epoch_order(10, 3, 0)
+    assert list(full) == first[:2] and all_.epoch == full.epoch == 1
+    resumed = ShuffledBatches(10, 4, seed=3, drop_last=False)
+    it = iter(all_)
+    next(it)
+    resumed.load_state_dict(all_.state_dict())  # one batch of epoch 1 handed out
+    assert list(resumed) == list(it)
+    with pytest.raises(ValueError, match="sampler state"):
+        ShuffledBatches(9, 4, seed=3).load_state_dict(all_.state_dict())
+
+
+def test_each_setting_of_the_dense_trainer_is_declared_once():
+    """The trainer's schedule, the bi-encoder trainer's settings and the pipeline's train: section
+    declare a field each once (one default, one description): the pipeline's defaults are the
+    trainer's. Only the lengths differ: the pipeline leaves them empty for the encode section's."""
+    from tasks.training.stages import DenseTrainConfig
+    from tasks.training.trainer import ScheduleArgs
+
+    chain = (ScheduleArgs, TrainerArgs, DenseTrainConfig)
+    declared = [name for cls in chain for name in cls.__annotations__ if name in cls.model_fields]
+    assert {n for n in declared if declared.count(n) > 1} == {"query_max_len", "passage_max_len"}
+    assert (TrainerArgs().batch_size, TrainerArgs().eval_at_start) == (16, True)
 
 
 def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path, caplog):
@@ -264,7 +324,7 @@ def test_best_checkpoint_by_dev_metric(checkpoint, tmp_path):
         snapshots[value] = {k: v.clone() for k, v in m.state_dict().items()}
         return value
 
-    args = tiny_args(max_steps=8, eval_every=2, hard_negatives=0)
+    args = tiny_args(max_steps=8, eval_every=2, hard_negatives=0, eval_at_start=False)
     result = train_bi_encoder(model, InBatchSoftmaxLoss(model), examples, args, tmp_path,
                               evaluator=FnEvaluator(fake_metric), progress=False)
     assert result["best_step"] == 4 and result["best_metric"] == pytest.approx(0.9)

@@ -4,6 +4,7 @@ through `ArtifactStore.materialize` (no flows)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from flows.cli import main
 from storage import ArtifactStore, ParquetTableWriter, write_table
 from storage.manifest import MANIFEST, MANIFEST_DIGEST, read_manifest, write_manifest
 from storage.paths import DAMAGED_PREFIX
+from storage.promotions import PROMOTIONS_FILE
 from storage.verify import DamagedArtifactError, verify_artifact
 
 SCHEMA = pa.schema([("pid", pa.int64()), ("text", pa.string())])
@@ -349,3 +351,101 @@ def test_either_catalog_a_rebuild_recorded_verifies(tiny, capsys):
     assert verify(root, capsys)[0] == 0
     catalog.write_bytes(old_bytes)  # or the other moment: the new one not yet renamed in
     assert verify(root, capsys)[0] == 0
+
+
+# -- the promotions record ----------------------------------------------------------------------------
+def flip_bit(path: Path, offset: int) -> None:
+    """One bit of one byte: the text stays ASCII (a flipped byte, 0xFF, would not be UTF-8)."""
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def promoted(root: Path, arts: dict) -> Path:
+    """Three promotions recorded (the last in force): the record's path."""
+    store = ArtifactStore(root)
+    for name in ("small", "large", "small"):
+        store.catalog.record_promotion("passages", arts[name].version, note=f"{name} serves")
+    store.reconcile(force=True)
+    return root / PROMOTIONS_FILE
+
+
+def in_force(root: Path) -> list[tuple[int, str]]:
+    return [(p["seq"], p["version"]) for p in ArtifactStore(root).catalog.promotions()]
+
+
+def test_each_promotion_line_records_the_sha256_of_its_fields_and_a_clean_record_verifies(tiny, capsys):
+    root, arts = tiny
+    ledger = promoted(root, arts)
+    for line in ledger.read_text().splitlines():
+        record = json.loads(line)
+        digest = record.pop("sha256")
+        assert digest == hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    code, out = verify(root, capsys)
+    assert code == 0 and out[-1].endswith(", the catalog and the promotions record: 0 damaged"), out
+
+
+@pytest.mark.parametrize("where", ["version", "note", "sha256", "brace"])
+def test_a_flipped_byte_in_a_promotion_line_is_named_with_its_line_and_exits_1(tiny, capsys, where):
+    root, arts = tiny
+    ledger = promoted(root, arts)
+    lines = ledger.read_bytes().split(b"\n")
+    target = {"version": f'"{arts["large"].version}"'.encode(), "note": b'"large serves"', "sha256": b'"sha256": "',
+              "brace": b"}"}[where]
+    offset = sum(len(line) + 1 for line in lines[:1]) + lines[1].index(target) + (len(target) if where == "sha256" else 1)
+    before = ledger.read_bytes()
+    flip_bit(ledger, offset)
+    code, out = verify(root, capsys)
+    assert code == 1, out
+    what = "not a promotion record (it does not parse)" if where == "brace" else \
+        "SHA-256 differs from the one the line records"
+    assert out[0] == f"promotions.jsonl: line 2: {what}" and out[-1].endswith(": 1 damaged"), out
+    ledger.write_bytes(before)
+    assert verify(root, capsys)[0] == 0
+
+
+def test_a_record_cut_short_is_named_and_repair_keeps_every_intact_line_and_the_damaged_file(tiny, capsys):
+    root, arts = tiny
+    ledger = promoted(root, arts)
+    lines = ledger.read_bytes().split(b"\n")
+    flip_bit(ledger, len(lines[0]) + 1 + lines[1].index(b"large"))  # line 2's note changed
+    os.truncate(ledger, ledger.stat().st_size - 20)  # and line 3 cut short: the file ends inside it
+    damaged = ledger.read_bytes()
+    code, out = verify(root, capsys, "--repair")
+    assert code == 1
+    assert out[:2] == ["promotions.jsonl: line 2: SHA-256 differs from the one the line records",
+                       "promotions.jsonl: line 3: cut short: the file ends inside it"]
+    aside = [p for p in root.iterdir() if p.name.startswith(f"{DAMAGED_PREFIX}{PROMOTIONS_FILE}-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged  # kept for a look
+    assert out[-1] == (f"kept 1 promotion(s) in {ledger} and dropped 2 damaged line(s), whose promotions no longer "
+                       f"count (promote again what should serve); the damaged file is kept as {aside[0]}")
+    assert ledger.read_bytes() == lines[0] + b"\n"
+    assert in_force(root) == [(1, arts["small"].version)]
+    assert ArtifactStore(root).sql("SELECT version FROM promotions").column(0).to_pylist() == [arts["small"].version]
+    code, out = verify(root, capsys)
+    assert code == 0 and out[-1].endswith("the promotions record: 0 damaged")
+    ArtifactStore(root).catalog.record_promotion("passages", arts["large"].version)  # appends go on as before
+    assert in_force(root) == [(1, arts["small"].version), (2, arts["large"].version)]
+    assert verify(root, capsys)[0] == 0
+
+
+def test_promotions_recorded_before_lines_carried_digests_are_read_and_reported_unchecked(tiny, capsys):
+    root, arts = tiny
+    ledger = promoted(root, arts)
+    old = [json.loads(line) for line in ledger.read_text().splitlines()]
+    for record in old[:2]:
+        del record["sha256"]
+    ledger.write_text("".join(json.dumps(record, sort_keys=True) + "\n" for record in old))
+    code, out = verify(root, capsys)
+    assert code == 0, out
+    assert f"{ledger}: 2 promotion(s) without digests (recorded before they were): not checked" in out
+    assert in_force(root) == [(1, arts["small"].version), (2, arts["large"].version), (3, arts["small"].version)]
+    assert verify(root, capsys, "--repair")[0] == 0 and ledger.read_text().count("\n") == 3  # nothing to repair
+
+
+def test_one_artifact_or_a_config_leaves_the_promotions_record_unchecked(tiny, capsys):
+    root, arts = tiny
+    ledger = promoted(root, arts)
+    flip_byte(ledger, 5)
+    code, out = verify(root, capsys, f"passages:{arts['small'].version}")
+    assert code == 0 and "promotions" not in out[-1]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.compute.device import resolve_device
 from tasks.compute.origin import Origin
-from tasks.dense.models import encode_side, for_inference
+from tasks.compute.bi_encoder import encode_side, for_inference
 from tasks.runners import RunnerConfig, run_shards, worker_cached
 
 logger = logging.getLogger("passage_forge")
@@ -102,7 +102,7 @@ class _EncodeJob:
 def _encode_shard(job: _EncodeJob, spec: tuple[str, int, int, int]):
     """Shard (file, start, stop, rows before it): its passages' vectors, as an embeddings table."""
     from storage.shards import read_rows
-    from tasks.dense.encode import embeddings_table
+    from tasks.compute.embeddings import embeddings_table
 
     path, start, stop, done = spec
     device = job.settings.device(job.device)

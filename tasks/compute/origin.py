@@ -12,9 +12,10 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 
 from storage import Artifact
-from tasks.dense.models import load_bi_encoder
+from tasks.compute.bi_encoder import load_bi_encoder
 from tasks.engine import Pinned
 from tasks.errors import InputError
+from tasks.stage_refs import MODEL_ARTIFACT, parse_init_from
 
 
 class Origin(BaseModel):
@@ -57,18 +58,22 @@ def origin_of(system, cfg_dir: Path | None = None, trained: bool = True) -> tupl
     model = system.model.model_dump()
     if trained and system.train is not None:
         return Origin(model=model, model_input=f"train:{system.name}"), (f"train:{system.name}",), {}
-    init = system.init_from
+    init = parse_init_from(system.init_from)
     if init is None:
         return Origin(model=model), (), {}
-    if init.startswith("pretrain:"):  # a pretrain stage's base checkpoint (its model/ folder)
-        return Origin(model=model, model_input=init), (init,), {}
-    if init.startswith("dense_model:"):
-        return Origin(model=model, model_input="init"), (), {"init": Pinned("dense_model", init.split(":", 1)[1])}
-    if "/" in init or init.startswith("."):
-        path = Path(init).expanduser()
+    if init.kind == "pretrain":  # a pretrain stage's base checkpoint (its model/ folder)
+        stage = f"pretrain:{init.target}"
+        return Origin(model=model, model_input=stage), (stage,), {}
+    if init.kind == "artifact":
+        return Origin(model=model, model_input="init"), (), {"init": Pinned(MODEL_ARTIFACT, init.target)}
+    if init.kind == "config":
+        raise ValueError(f"dense system {system.name!r} init_from {system.init_from!r}: another config's system "
+                         "is resolved to its model's version when the plan is made (flows/registry.py)")
+    if init.kind == "path":
+        path = Path(init.target).expanduser()
         if not path.is_absolute():
             path = (cfg_dir or Path.cwd()) / path
         if not path.is_dir():
             raise InputError(path, f"dense system {system.name!r} init_from", "no such model folder")
         return Origin(model=model, init_path=str(path.resolve()), init_hash=folder_hash(path)), (), {}
-    return Origin(model=model, model_input=f"train:{init}"), (f"train:{init}",), {}
+    return Origin(model=model, model_input=f"train:{init.target}"), (f"train:{init.target}",), {}

@@ -16,7 +16,7 @@ def search_texts(origin: Origin, settings: EncodeSettings, inputs: dict[str, Art
                  index: Artifact, qids, texts: list[str], k: int, device: str, system: str, log=None):
     """(RUNS, query vectors): `texts` encoded by `origin`'s encoder with `settings`, searched in
     the FAISS `index` artifact whose rows are the `encoded` artifact's passages."""
-    from tasks.dense import faiss_index
+    from tasks.compute import faiss_index
 
     pids = encoded.read_table(columns=["pid"]).column("pid")
     model = settings.for_inference(origin.load(inputs), device)

@@ -106,7 +106,7 @@ def reference_agreement(origin: Origin, folder: Optional[Path], settings: Encode
     import pyarrow.parquet as pq
 
     from storage.shards import read_rows
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute.embeddings import vectors_from_table
 
     if settings.runtime == "torch" and settings.precision == "fp32":
         return {}
@@ -122,8 +122,8 @@ def reference_agreement(origin: Origin, folder: Optional[Path], settings: Encode
 
 
 def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense import faiss_index
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute import faiss_index
+    from tasks.compute.embeddings import vectors_from_table
 
     _, vectors = vectors_from_table(inputs["encode"].read_table())
     index = faiss_index.build_index(vectors.astype("float32"), kind=params.kind, hnsw_m=params.hnsw_m,
@@ -133,7 +133,7 @@ def build_index(params: IndexParams, inputs: dict[str, Artifact], out: Path) -> 
 
 
 def build_search(params: SearchParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense.encode import query_vectors_table
+    from tasks.compute.embeddings import query_vectors_table
 
     device = params.settings.device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question"])

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tasks.dense import faiss_index
+from tasks.compute import faiss_index
 from tasks.dense.hybrid import DEFAULT_GRID, coordinate_search
 
 

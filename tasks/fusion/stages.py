@@ -133,7 +133,7 @@ class EmbeddingFusionParams(StageParams):
 
 
 def build_embedding_fusion(params: EmbeddingFusionParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute.embeddings import vectors_from_table
     from tasks.fusion.embedding import align_vectors, fused_passage_index, retrieve, rows_in_order, tune_coefficients
 
     pids, passage_vectors = align_vectors(

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.dense.encode import vectors_from_table
+from tasks.compute.embeddings import vectors_from_table
 
 READ_BUFFER = 8 << 20  # bytes of a Parquet column chunk read at a time
 

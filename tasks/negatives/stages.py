@@ -229,7 +229,7 @@ def _mine_shard(job: _MineJob, spec: tuple[int, int, int]) -> pa.Table:
     import numpy as np
 
     from storage.shards import read_rows
-    from tasks.dense.encode import vectors_from_table
+    from tasks.compute.embeddings import vectors_from_table
     from tasks.negatives.blocked_topk import iter_vector_shards
     from tasks.negatives.mining import dense_candidates
     from tasks.progress import progress_logger
@@ -264,7 +264,7 @@ def _synthetic_vectors(params: MineParams, inputs: dict[str, Artifact], syntheti
     import pyarrow.parquet as pq
 
     from storage.shards import write_shard
-    from tasks.dense.encode import query_vectors_table
+    from tasks.compute.embeddings import query_vectors_table
 
     done = work / "synthetic_vectors.parquet"
     if not done.exists():

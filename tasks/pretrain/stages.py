@@ -26,6 +26,7 @@ from models.pretraining.losses import (
 from storage import Artifact
 from tasks.compute.device import resolve_device
 from tasks.engine import Stage, StageParams
+from tasks.stage_refs import parse_init_from
 from tasks.training.trainer import TrainerArgs
 
 logger = logging.getLogger("passage_forge")
@@ -69,6 +70,7 @@ class PretrainRun(TrainerArgs):
     hard_negatives: int = Field(0, ge=0, le=0, description="none: pre-training pairs carry no hard negatives")
     query_max_len: int = Field(32, ge=4, description="context tokens (passage-passage: passage_max_len unless given)")
     passage_max_len: int = Field(144, ge=8, description="passage tokens (section 4.1: 144)")
+    eval_at_start: bool = Field(False, description="none: pre-training has no dev evaluation")
 
     @model_validator(mode="after")
     def _resolve(self):
@@ -116,12 +118,13 @@ def check_pretrain_config(cfg) -> None:
                          "qgen: section, which this config lacks (or use form: passage-passage)")
     runs = {p.name: p for p in cfg.pretrain}
     for system in (cfg.dense.systems if cfg.dense else []):
-        init = system.init_from or ""
-        if not init.startswith("pretrain:"):
+        init = parse_init_from(system.init_from)
+        if init is None or init.kind != "pretrain":
             continue
-        run = runs.get(init.split(":", 1)[1])
+        run = runs.get(init.target)
         if run is None:
-            raise ValueError(f"{system.name}.init_from {init!r}: no pretrain run of that name; declared: {names}")
+            raise ValueError(f"{system.name}.init_from {system.init_from!r}: no pretrain run of that name; "
+                             f"declared: {names}")
         check_pooling(system.name, system.model.pooling, run)
 
 

@@ -135,17 +135,15 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
     train = _pair_rows(pairs, passages, "train", t.max_pairs, t.seed)
     dev = _pair_rows(pairs, passages, "dev", t.max_dev_pairs, t.seed)
     generator = load_generator(params.generator, params.kind, params.prefix)
-    args = GeneratorTrainArgs(**t.model_dump(include=set(GeneratorTrainArgs.model_fields)))
     logger.info("qgen: fine-tuning %s on %d train pairs (%d dev pairs)", params.generator, len(train), len(dev))
     train_dir = training_dir(out, work)
-    result = finetune_generator(generator, train, dev, args, train_dir, device=resolve_device(params.device))
-    best = load_generator(str(train_dir / "best"))
-    best.save_pretrained(out / "model")
-    shutil.rmtree(out / "training" / "best", ignore_errors=True)
-    shutil.rmtree(out / "training" / "checkpoints", ignore_errors=True)
+    result = finetune_generator(generator, train, dev, t, train_dir, device=resolve_device(params.device))
+    shutil.copytree(train_dir / "best", out / "model")  # a generator folder: load_generator reads it
+    for copy in ("best", "final", "checkpoints"):  # model/ holds the chosen weights; history and curve stay
+        shutil.rmtree(out / "training" / copy, ignore_errors=True)
     keep_record(train_dir, out)
     return {"stats": {"train_pairs": len(train), "dev_pairs": len(dev), "best_step": result["best_step"],
-                      "best_dev_loss": result["best_dev_loss"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
+                      "best_dev_loss": result["best_metric"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
 
 
 def sample_passages(passages: pa.Table, limit: Optional[int], seed: int,

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.dense import faiss_index
-from tasks.dense.encode import vectors_from_table
+from tasks.compute import faiss_index
+from tasks.compute.embeddings import vectors_from_table
 
 IDS_TABLE = "faiss_ids"
 IDS_SCHEMA = pa.schema([("id", pa.int64()), ("pid", pa.string())])

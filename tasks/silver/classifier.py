@@ -3,13 +3,13 @@
 with bf16 units, exact resume), and its classification report in the shape of paper 001 table 2."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from tasks.training.data import epoch_order
+from tasks.training.data import ShuffledBatches  # the classifier's sampler (full batches only)
 from tasks.training.trainer import ScheduleArgs
 
 Pair = tuple[str, str]
@@ -21,36 +21,6 @@ class ClassifierTrainArgs(ScheduleArgs):
     lr: float = Field(3e-5, gt=0, description="peak learning rate (paper 001 section 5.1: 3e-5)")
     batch_size: int = Field(16, ge=2, description="pairs per step (paper 001 section 5.1: 256)")
     max_length: int = Field(256, ge=8, description="tokens of question and passage together")
-
-
-class ShuffledBatches:
-    """Batches of example indices, reshuffled each epoch by (seed, epoch); full batches only.
-    The sampler contract of run_training: `epoch`, `len()`, iteration over the rest of the
-    current epoch, and a (epoch, position) state."""
-
-    def __init__(self, n: int, batch_size: int, seed: int) -> None:
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.epoch = self.position = 0
-
-    def __len__(self) -> int:
-        return self.n // self.batch_size
-
-    def __iter__(self) -> Iterator[list[int]]:
-        order = epoch_order(self.n, self.seed, self.epoch)
-        while self.position < len(self):
-            start = self.position * self.batch_size
-            self.position += 1
-            yield order[start:start + self.batch_size]
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "n": self.n, "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["batch_size"]) != (self.n, self.batch_size):
-            raise ValueError(f"sampler state is for {state['n']} examples in batches of {state['batch_size']}, "
-                             f"not {self.n} in batches of {self.batch_size}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 class PairCollator:

@@ -331,7 +331,7 @@ def _dual_encoder_scorer(base: str, device):
     'BERT dual encoder without mined examples' baseline."""
     import numpy as np
 
-    from tasks.dense.models import encode_side, load_bi_encoder
+    from tasks.compute.bi_encoder import encode_side, load_bi_encoder
 
     model = load_bi_encoder({"base": base, "shared": True, "pooling": "mean", "projection_dim": None,
                              "normalize": True, "scale": 1.0})

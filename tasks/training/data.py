@@ -1,5 +1,6 @@
-"""Training data for the bi-encoder: examples, a batch sampler that keeps false negatives out of a
-batch, and a Tevatron-like collator (tokenise unpadded, pad once per batch).
+"""Training data: shuffled batches of any examples (the classifier's, the generator's), and for the
+bi-encoder examples, a batch sampler that keeps false negatives out of a batch, and a
+Tevatron-like collator (tokenise unpadded, pad once per batch).
 
 Paper 003 section 4.3: every question has a pool of M hard negatives; each step draws N of them.
 The draws come from the collator's own seeded RNG, whose state is checkpointed, so a resumed run
@@ -39,6 +40,39 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(f"{seed}:{epoch}").shuffle(order)  # its own RNG: the global streams stay untouched
     return order
+
+
+class ShuffledBatches:
+    """Batches of example indices: each epoch a shuffle seeded by (seed, epoch) cut into batches
+    in order; with `drop_last` full batches only, else the last one may be short. The sampler
+    contract of run_training: `epoch`, `batch_size`, `len()`, iteration over the rest of the
+    current epoch, and an (epoch, position) state."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, drop_last: bool = True) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.n, self.batch_size, self.seed, self.drop_last = n, batch_size, seed, drop_last
+        self.epoch = self.position = 0
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = epoch_order(self.n, self.seed, self.epoch)
+        while self.position < len(self):
+            start = self.position * self.batch_size
+            self.position += 1
+            yield order[start:start + self.batch_size]
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "n": self.n, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["n"], state["batch_size"]) != (self.n, self.batch_size):
+            raise ValueError(f"sampler state is for {state['n']} examples in batches of {state['batch_size']}, "
+                             f"not {self.n} in batches of {self.batch_size}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 class UniqueBatchSampler:

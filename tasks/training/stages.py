@@ -41,11 +41,9 @@ class DenseTrainConfig(TrainerArgs):
     query_max_len: Optional[int] = Field(None, ge=1, description="query tokens; empty: dense.encode.query_max_len")
     passage_max_len: Optional[int] = Field(None, ge=1, description="passage tokens; empty: dense.encode.passage_max_len")
     split: str = Field("train", description="the split whose pairs are trained on")
-    batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
     # Paper 003 sections 4.3 and 5.3: N = 2 hard negatives per question per step, drawn from its pool of M = 100.
     negative_pool: int = Field(100, ge=1, description="M: the top negatives per question the N are drawn from")
     max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many pairs")
-    eval_at_start: bool = Field(True, description="with select_on_dev: the untrained model is a candidate too")
     # Checkpoint selection on dev (paper 000, Experiment, implementation details: "dev set results
     # to select the final checkpoint"; paper 003 section 5.3: recall@1 on dev for early stopping).
     select_on_dev: bool = Field(True, description="keep the best of the base model and the evaluated steps by dev top-k accuracy")
@@ -174,10 +172,9 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     # GPL labels only the triplets it trains on: the teacher scores each batch's drawn pairs
     teacher = _teacher(inputs["cross_encoder"], device) if t.distils else None
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
-    args = TrainerArgs(**t.model_dump(include=set(TrainerArgs.model_fields)))
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
     train_dir = training_dir(out, work)
-    result = train_bi_encoder(model, loss, examples, args, train_dir, evaluator=evaluator, progress=False, device=device,
+    result = train_bi_encoder(model, loss, examples, t, train_dir, evaluator=evaluator, progress=False, device=device,
                               teacher=teacher)
     if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
         return None

@@ -57,12 +57,12 @@ class Evaluator(Protocol):
 class ScheduleArgs(BaseModel):
     """The optimisation schedule any of the project's trainers runs (AdamW, warm-up then linear
     decay, clipping, bf16 autocast, checkpoints, dev evaluations); a pydantic model, so it validates
-    and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults."""
+    and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults; the
+    batch size is one of their own, since what a batch holds (questions, pairs, passages) is theirs."""
 
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(2e-5, gt=0, description="peak learning rate (AdamW)")
-    batch_size: int = Field(32, ge=1, description="examples per optimizer step")
     epochs: int = Field(1, ge=1, description="passes over the examples (ignored when max_steps is given)")
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
@@ -110,12 +110,13 @@ class TrainerArgs(ScheduleArgs):
     """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
     fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
 
-    batch_size: int = Field(32, ge=1, description="questions per step; every other question's passages are its in-batch negatives")
+    batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
     hard_negatives: int = Field(2, ge=0, description="N: hard negatives per question per step (paper 003 section 5.3: 2)")
     query_max_len: int = Field(32, ge=1, description="query tokens")
     passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
-    eval_at_start: bool = Field(False, description="evaluate the untrained model too: step 0 can win if training hurts")
+    eval_at_start: bool = Field(True, description="with an evaluator: the untrained model is a candidate too (step 0 "
+                                                  "wins if training hurts)")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -323,22 +324,27 @@ def run_training(
     eval_at_start: bool = False,
     desc: str = "train",
 ) -> dict:
-    """The training loop every model of the project shares (the bi-encoder's, the cross-encoder's).
+    """The training loop every model of the project shares (the bi-encoder's, the cross-encoder's,
+    the question generator's).
 
     `sampler` yields lists of example indices (the rest of its current epoch per iteration) and
-    has `epoch`, `__len__` (batches per epoch) and `state_dict`/`load_state_dict`; `collate(items,
-    epoch=...)` turns examples into a tuple of tensors or dicts of tensors (None allowed) and has
-    `state_dict`/`load_state_dict`; the loss is `loss_fn(*loss_inputs(batch))`. `model` has
-    `save_pretrained(folder)` and `type(model).from_pretrained(folder, load_tokenizer=False)`.
+    has `epoch`, `batch_size`, `__len__` (batches per epoch) and `state_dict`/`load_state_dict`;
+    `collate(items, epoch=...)` turns examples into a tuple of tensors or dicts of tensors (None
+    allowed) and has `state_dict`/`load_state_dict`; the loss is `loss_fn(*loss_inputs(batch))`.
+    `model` has `save_pretrained(folder)` and `type(model).from_pretrained(folder,
+    load_tokenizer=False)`. The evaluator's `greater_is_better` (default True) says which way its
+    primary metric improves; `eval_at_start` evaluates the untrained model too, a candidate for best/.
 
-    Returns {history: [{step, loss, lr}], best_step, best_metric, start_metric,
-    dev_curve: [(step, metric)] of this run's evaluations, seconds, pairs_per_second,
-    total_steps, resumed_from}. `lr` is the rate used for that step's update. out_dir gets
-    checkpoints/, best/ (best model; the final one without an evaluator), final/, history.json and
-    loss_curve.png. Progress: a tqdm bar, or with progress=False a log line about every 10% of the
-    steps.
+    Returns {history: [{step, loss, lr[, dev_metric, dev_metrics]}], best_step, best_metric,
+    start_metric (the step-0 evaluation's), dev_curve: [(step, metric)], seconds,
+    pairs_per_second, total_steps, resumed_from}; history and dev_curve span the whole run, the
+    parts before a resume included, while seconds and pairs_per_second measure this call. `lr` is
+    the rate used for that step's update. out_dir gets checkpoints/, best/ (best model; the final
+    one without an evaluator), final/, history.json and loss_curve.png. A run resumes only the run
+    that wrote the checkpoint (the same number of steps; the sampler checks its examples). Progress:
+    a tqdm bar, or with progress=False a log line ("DESC step i/n") about every 10% of the steps.
 
-    Under torchrun (2+ ranks; tasks/training/distributed.py) `args.batch_size` is the global
+    Under torchrun (2+ ranks; tasks/training/distributed.py) the sampler's batch is the global
     batch: every rank draws the same seeded global batches and collates its own contiguous slice,
     `loss_fn` runs inside DistributedDataParallel (contrastive losses gather the global batch's
     vectors, models/losses/distributed.py), every rank evaluates, and only rank 0 logs and writes
@@ -373,11 +379,12 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
 
     steps_per_epoch = len(sampler)
     if steps_per_epoch == 0:
-        raise ValueError(f"{len(examples)} examples make no full batch of {args.batch_size} "
-                         "(after keeping duplicate qids/positives apart)")
+        raise ValueError(f"{len(examples)} examples make no full batch of {sampler.batch_size} "
+                         "(a sampler may keep some apart, as UniqueBatchSampler does duplicate qids/positives)")
     total_steps, optimizer, scheduler = optimizer_and_schedule(args, model, loss_fn, steps_per_epoch)
     step = 0
     history: list[dict] = []
+    dev_curve: list[tuple[int, float]] = []
     best_step: int | None = None
     best_metric: float | None = None
     resumed_from = None
@@ -385,6 +392,9 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
     ckpt = ranks.broadcast(latest_checkpoint(out_dir))  # rank 0's choice: every rank resumes from it
     if ckpt is not None:
         state = torch.load(ckpt / STATE_NAME, map_location="cpu", weights_only=False)
+        if state.get("total_steps", total_steps) != total_steps:  # older checkpoints do not say
+            raise ValueError(f"{ckpt} is from a run of {state['total_steps']} steps, not {total_steps}: "
+                             "use another out_dir to start afresh")
         _load_model_weights(model, ckpt / "model")
         model.to(device)
         if (ckpt / LOSS_STATE_NAME).is_file():
@@ -400,6 +410,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         set_rng_states(state["rng"])
         step = int(state["step"])
         history = list(state["history"])
+        dev_curve = [(int(s), float(m)) for s, m in state.get("dev_curve", [])]
         best_step, best_metric = state.get("best_step"), state.get("best_metric")
         resumed_from = str(ckpt)
         if ranks.main:
@@ -420,20 +431,16 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({
                 "step": step, "sampler": sampler.state_dict(), "collator": collate.state_dict(),
-                "rng": rng_states(), "history": history, "best_step": best_step,
-                "best_metric": best_metric, "args": args.model_dump(),
+                "rng": rng_states(), "history": history, "dev_curve": dev_curve, "best_step": best_step,
+                "best_metric": best_metric, "total_steps": total_steps, "args": args.model_dump(),
             }, tmp / STATE_NAME)
 
         atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
         for _, old in list_checkpoints(out_dir)[: -max(1, args.keep_checkpoints)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    last_eval: list[int] = []
-    dev_curve: list[tuple[int, float]] = []
-
     def evaluate() -> None:
         nonlocal best_step, best_metric
-        last_eval.append(step)
         saved_rng = rng_states()  # a dev metric must not change the training's random stream
         was_training = model.training
         model.eval()
@@ -462,20 +469,19 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
 
     for hook in hooks:
         hook.on_train_begin(model, optimizer)
-    start_metric = None
     if evaluator is not None and eval_at_start and step == 0:
         evaluate()
-        start_metric = best_metric
 
     autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
     model.train()
     loss_fn.train()
-    start_step = step
+    start_step, examples_run = step, 0
     started = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, disable=not (progress and ranks.main), desc=desc, dynamic_ncols=True)
     log_every = max(total_steps // 10, 1)
     while step < total_steps:
         for indices in sampler:
+            examples_run += len(indices)  # the global batch (a short last one counts as it is)
             indices = ranks.shard(indices)  # this rank's slice of the global batch
             batch = tuple(_to(b, device) for b in collate([examples[i] for i in indices], epoch=sampler.epoch))
             for hook in hooks:
@@ -502,7 +508,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
             if ranks.main:
                 report(f"{desc}: steps (loss {value:.4f})", step, total_steps)  # the UI's progress
             if not progress and ranks.main and (step % log_every == 0 or step == total_steps):  # the pipeline's progress
-                log.info("train step %d/%d loss %.4f lr %.2e", step, total_steps, value, lr)
+                log.info("%s step %d/%d loss %.4f lr %.2e", desc, step, total_steps, value, lr)
             # evaluate first, so the checkpoint records the best-so-far it has seen
             if evaluator is not None and args.eval_every and step % args.eval_every == 0:
                 evaluate()
@@ -513,7 +519,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
     bar.close()
     seconds = time.perf_counter() - started
 
-    if evaluator is not None and (not last_eval or last_eval[-1] != step):
+    if evaluator is not None and (not dev_curve or dev_curve[-1][0] != step):
         evaluate()
     model.eval()
     if evaluator is None:
@@ -528,10 +534,10 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         "history": history,
         "best_step": best_step,
         "best_metric": best_metric,
-        "start_metric": start_metric,
+        "start_metric": next((m for s, m in dev_curve if s == 0), None),
         "dev_curve": dev_curve,
         "seconds": seconds,
-        "pairs_per_second": steps_run * args.batch_size / seconds if seconds > 0 and steps_run else 0.0,
+        "pairs_per_second": examples_run / seconds if seconds > 0 and steps_run else 0.0,
         "total_steps": total_steps,
         "resumed_from": resumed_from,
     }

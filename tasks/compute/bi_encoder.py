@@ -1,6 +1,6 @@
 """Loading a bi-encoder for a dense system, and encoding one side (questions or passages) with
-the pipeline's settings. Plain functions: the train, encode and search stages share them, so the
-dev metric encodes exactly as the encode stage does."""
+the pipeline's settings. Plain functions: every stage that encodes shares them (train, encode,
+search, mining, silver), so the dev metric encodes exactly as the encode stage does."""
 from __future__ import annotations
 
 import logging
@@ -53,7 +53,7 @@ def encode_side(model, texts: Sequence, side: str, *, batch_size: int, passage_m
     `encode_passage`; with `log`, a line about every 10% of `total` (`done` encoded before)."""
     import torch
 
-    from tasks.dense.encode import encode_texts
+    from tasks.compute.batch_encode import encode_texts
 
     encode_fn = model.encode_passage if side == "passage" else model.encode_query
     total = total or len(texts)
