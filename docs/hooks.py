@@ -42,8 +42,9 @@ STAGE_TIMES = re.compile(r"^<!-- stage-times: (?P<args>.+?) -->$", re.MULTILINE)
 def on_page_markdown(markdown, page, config, files):
     from flows.study.figures import FIGURES, MISSING
 
-    root = Path(config["config_file_path"]).parent
-    markdown = STAGE_TIMES.sub(lambda m: "\n" + stage_times(root, *m["args"].split()) + "\n", markdown)
+    # the root is read only where a page asks for the stage times (a page without that line needs no config)
+    markdown = STAGE_TIMES.sub(
+        lambda m: "\n" + stage_times(Path(config["config_file_path"]).parent, *m["args"].split()) + "\n", markdown)
 
     for name in FIGURES:
         reference = f"]({FOLDER}/{name})"

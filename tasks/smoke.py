@@ -16,7 +16,10 @@ reranks, runners, index kinds, splits) and shrinks only the amount of work:
   Max lengths of 16-64 tokens; dev evaluation on at most 4 questions; the classifier trained on 8
   questions, half of them held out as its dev; xMoCo queues of the smallest size a step allows
   (so they wrap).
-- generation: 3 passages, at most 2 queries each, 8 new tokens, shards of 2 passages.
+- generation: 3 passages, at most 2 queries each, 8 new tokens, shards of 2 passages. The prompt
+  keeps the config's passage length: cut to a few words, the queries are about nothing the passage
+  says, the round-trip filter (qgen.filter_bm25_top_k) drops them all, and a system trained on
+  synthetic pairs alone has none.
 - encoding, mining, labelling and reranking: tiny batches and shards, so that every sharded
   stage writes several shards.
 - models: a base checkpoint that cannot load offline here (a hub name, or an alias whose package
@@ -141,7 +144,7 @@ def _qgen(qgen: dict, notes: list[str]) -> None:
     generate = qgen.setdefault("generate", {})
     generate.update(max_passages=_at_most(generate.get("max_passages"), GENERATED_PASSAGES),
                     queries_per_passage=min(int(generate.get("queries_per_passage", 5)), QUERIES_PER_PASSAGE),
-                    max_new_tokens=NEW_TOKENS, max_source_len=PAIR_LEN, batch_size=BATCH, shard_size=2, device="cpu")
+                    max_new_tokens=NEW_TOKENS, batch_size=BATCH, shard_size=2, device="cpu")
 
 
 def _dense(dense: dict, notes: list[str]) -> None:
