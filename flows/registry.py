@@ -1,6 +1,7 @@
 """The registry of stage families: the order they declare their stages in, the stage aliases users
 type, and `plan_for(config)`, the validated plan of one configuration. Adding a stage family is
-one module under tasks/ plus one line here."""
+one package under tasks/ plus its import and its place in `FAMILIES` here (docs/contributing.md
+lists the other files it touches)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -28,10 +28,10 @@ class TrainerCallback:
         """Once per call of the trainer, after set-up (and after restoring a checkpoint), before
         the first evaluation or step."""
 
-    def on_batch(self, step: int, batch: tuple[Any, Any, Any, Any]) -> None:
-        """Before the forward of training step `step`; `batch` is the collated
-        (query, passage, negatives, weights) on the training device, as the loss receives it
-        (negatives None without hard negatives; weights always given, ones when unweighted)."""
+    def on_batch(self, step: int, batch: tuple) -> None:
+        """Before the forward of training step `step`; `batch` is the collated batch on the training
+        device (the bi-encoder's: queries, positives, negatives, weights, by name; negatives None
+        without hard negatives; weights always given, ones when unweighted)."""
 
     def on_step_end(self, step: int, model: nn.Module, optimizer: Optimizer) -> None:
         """After training step `step`'s optimizer.step() and scheduler.step(), before that step's

@@ -1,11 +1,12 @@
 """What this machine's processor offers, for choosing a precision per machine.
 
-bf16 autocast on a CPU is fast only with bf16 units: AMX tiles (`amx_bf16`; encoding ran 3.33x
-fp32 on a Xeon, README "Benchmarks") or AVX-512's bf16 dot product (`avx512_bf16`; on a Zen 5 EPYC,
-torch's bf16 autocast encoded 2.50-2.90x and OpenVINO's bf16 4.36x sentence-transformers' torch fp32,
-cosine to fp32 0.99999: benchmarks/runtime_encoding.py). On CPUs without them (the AVX2 AMD EPYCs,
-Zen 1 to 3) bf16 is emulated and slower than fp32. So `auto` means bf16 on CUDA devices that support
-it and on CPUs with bf16 units, fp32 elsewhere (and there models/onnx_runtime.py runs it on OpenVINO).
+bf16 autocast on a CPU is fast only with bf16 units: AMX tiles (`amx_bf16`) or AVX-512's bf16 dot
+product (`avx512_bf16`); there bf16 encodes well ahead of fp32 with vectors at a cosine to fp32 near 1.
+On CPUs without them (AVX2 only, or AVX-512 without `avx512_bf16`) bf16 is emulated and slower than
+fp32. So `auto` means bf16 on CUDA devices that support it and on CPUs with bf16 units, fp32 elsewhere
+(and there models/onnx_runtime.py runs it on OpenVINO). Measured in docs/benchmarks.md, "BM25,
+chunking, encoding, training, generation" (passage encoding) and "CPU runtimes"
+(benchmarks/encoding_throughput.py, benchmarks/runtime_encoding.py).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
     if runtime == "auto":
         runtime = "torch"
         if device == "cpu" and kind in ("auto", "causal") and model_type_of(generator) in ct2_generator.LLAMA_FAMILY:
-            # measured on the EPYC: llama.cpp q8_0 1.4x CTranslate2 int8 (docs/benchmarks.md)
+            # llama.cpp ahead of CTranslate2 on the CPU (docs/benchmarks.md, "CPU runtimes")
             if llamacpp_generator.llamacpp_available():
                 runtime = "llamacpp"
             elif ct2_generator.ctranslate2_available():
@@ -51,7 +51,7 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
     if runtime == "ctranslate2" and compute_type == "bfloat16":
         raise ValueError("qgen.generate.compute_type bfloat16 needs runtime llamacpp (CTranslate2 has no bf16 on the CPU)")
     if compute_type == "auto":
-        # llama.cpp bf16: 4.60x the plain loop on a Zen 5 EPYC against q8_0's 2.96x, its questions' quality as
-        # q8_0's over two seeds (docs/benchmarks.md); emulated, and slow, without AVX-512 bf16
+        # llama.cpp bf16 where bf16 runs in hardware: faster than q8_0 with the questions' quality kept
+        # (docs/benchmarks.md, "CPU runtimes"); emulated, and slow, without AVX-512 bf16
         return runtime, "bfloat16" if runtime == "llamacpp" and llamacpp_generator.llamacpp_bf16_in_hardware() else "int8"
     return runtime, compute_type

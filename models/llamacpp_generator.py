@@ -34,8 +34,8 @@ UBATCH = 512
 #: llama.cpp rounds each KV stream up to a multiple of this many cells (and says so on stderr)
 STREAM_CELL_STEP = 256
 #: compute types whose contexts keep an f32 KV cache without flash attention (which rounds through f16).
-#: bf16 too: over six seeds its questions were within fp32's noise so (ROUGE-L 34.00 against 34.32) and
-#: 0.86 below it with the f16 cache, at 0.83x the speed (docs/benchmarks.md, Zen 5); q8_0 keeps f16
+#: bf16 too: with the f32 cache its questions stay within fp32's seed-to-seed noise, with the f16 cache
+#: they fall below it; the f32 cache costs some speed (docs/benchmarks.md, "CPU runtimes"); q8_0 keeps f16
 F32_CACHE_TYPES = frozenset({"float32", "bfloat16"})
 
 

@@ -9,15 +9,14 @@ weights (models/runtime_cache.py). Sessions run on the CPU with torch's intra-op
 the project's one-thread-count rule (models/threads.py) holds for ORT too.
 
 int8: QInt8 weights, per-channel scales, reduce_range (7-bit weights). ORT's dynamic int8 MatMul
-multiplies u8 activations by s8 weights; on CPUs without VNNI (AVX2 only, as the AMD EPYCs here)
-the u8 x s8 pair sums saturate int16 with 8-bit weights, and 7-bit weights avoid it. Per-channel
-scales keep the rows with small weights from losing their precision to a few large ones.
+multiplies u8 activations by s8 weights; on CPUs without VNNI (AVX2 only) the u8 x s8 pair sums
+saturate int16 with 8-bit weights, and 7-bit weights avoid it. Per-channel scales keep the rows
+with small weights from losing their precision to a few large ones.
 
 OpenVINO compiles the same cached ONNX file for the CPU with an explicit precision hint (f32, or
 bf16 where the CPU has bf16 units: its default there, made explicit so a version hashes what ran).
-On a Zen 5 EPYC (avx512_bf16) at bf16 it encoded 4.36x sentence-transformers' torch fp32 and 1.22x its
-own OpenVINO backend (cosine to fp32 0.99999), and scored 4.21x `CrossEncoder.predict` fp32 and 1.12x its
-OpenVINO backend (benchmarks/runtime_encoding.py, docs/benchmarks.md "CPU runtimes").
+OpenVINO at bf16 is what `auto` runs for encoding and scoring on CPUs with bf16 units
+(`resolve_runtime`; measured in docs/benchmarks.md, "CPU runtimes", by benchmarks/runtime_encoding.py).
 """
 from __future__ import annotations
 
@@ -79,16 +78,14 @@ def openvino_available() -> bool:
 
 
 def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
-    """`auto` made concrete at planning, so the resolved runtime is what a version hashes. auto is
-    torch everywhere: on the Zen 1 EPYC ONNX Runtime fp32 ran at 0.99-1.14x torch fp32 and its int8
-    no faster (AVX2 in 128-bit halves, no VNNI); on the Zen 3 its int8 is 1.85-2.05x but moves the
-    demo's test top-20 by up to 0.4 (a batch's activations share one int8 scale), its fp32 1.26-1.45x,
-    while every model version pays a one-off export and check (~5-10 s a tower); on AMX CPUs torch's
-    bf16 autocast is the fast path (benchmarks/runtime_encoding.py, docs/benchmarks.md "CPU
-    runtimes"). onnx runs when named. Where the CPU has bf16 units and bf16 was resolved on, auto is
-    openvino at bf16 (encoding 4.36x sentence-transformers' torch fp32 on a Zen 5 EPYC, against torch
-    bf16's 2.50-2.90x; the same cosine to fp32), torch bf16 where OpenVINO does not import. A named runtime
-    is checked, not changed."""
+    """`auto` made concrete at planning, so the resolved runtime is what a version hashes. Without
+    bf16 units auto is torch: ONNX Runtime's fp32 gains little over it, its dynamic int8 scales a
+    batch's activations by one value (a passage's vector then depends on its batch neighbours, and
+    the ranking moves), and every model version would pay a one-off export and check. onnx runs when
+    named. Where the CPU has bf16 units and bf16 was resolved on, auto is openvino at bf16 (faster
+    than torch's bf16 autocast at the same cosine to fp32), torch bf16 where OpenVINO does not
+    import. Measured in docs/benchmarks.md, "CPU runtimes" (benchmarks/runtime_encoding.py). A named
+    runtime is checked, not changed."""
     from .cpu_features import has_bf16_units
 
     if runtime not in (*_RUNTIMES, "auto"):

@@ -4,7 +4,10 @@ planning, running a stage, and upstream resolution for single-stage reruns.
 A stage's builder is called as `build(params, inputs, out)`: `params` is the frozen object its
 version is hashed from, so a builder cannot read a setting its version does not record. Fields
 that only say how to compute (device, threads, shard size) are declared in the params class's
-`RUNTIME` and left out of the hash; everything else is hashed.
+`RUNTIME` and left out of the hash; everything else is hashed. A field added to a params model
+(or to any model nested in one) after versions were built without it is declared in that model's
+`ADDED` with the value those versions had: while it holds that value it stays out of the hash, so
+they keep their versions (`without_added`).
 Stage families (tasks/<family>/stages.py) import this module; flows/ assembles them.
 """
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,6 +30,8 @@ class StageParams(BaseModel):
     # Fields that do not change the output (where and how fast it is computed): not hashed.
     # Dotted names reach into nested models ("origin.init_path").
     RUNTIME: ClassVar[frozenset[str]] = frozenset()
+    # Fields added after versions were built: name -> the value those versions had (module docstring).
+    ADDED: ClassVar[Mapping[str, Any]] = {}
 
     def hashed(self) -> dict:
         exclude: dict = {}
@@ -36,7 +41,35 @@ class StageParams(BaseModel):
             for parent in parents:
                 node = node.setdefault(parent, {})
             node[leaf] = True
-        return self.model_dump(mode="json", exclude=exclude)
+        return without_added(self, self.model_dump(mode="json", exclude=exclude))
+
+
+def without_added(model: BaseModel, dumped: dict) -> dict:
+    """`dumped` (`model`'s JSON dump) without each field that `model`, or a model nested in it,
+    declares in its `ADDED` while the field holds the declared value. Dotted names reach into a
+    nested model that declares nothing itself ("config.queries")."""
+    out = dict(dumped)
+    for name in type(model).model_fields:
+        if name in out:
+            out[name] = _without_added_in(getattr(model, name), out[name])
+    for dotted, value in getattr(type(model), "ADDED", {}).items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == value:
+            del node[leaf]
+    return out
+
+
+def _without_added_in(value: Any, dumped: Any) -> Any:
+    if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        return without_added(value, dumped)
+    if isinstance(value, (list, tuple)) and isinstance(dumped, list) and len(value) == len(dumped):
+        return [_without_added_in(v, d) for v, d in zip(value, dumped)]
+    if isinstance(value, dict) and isinstance(dumped, dict):
+        return {k: _without_added_in(value.get(k), d) for k, d in dumped.items()}
+    return dumped
 
 
 class NoParams(StageParams):

@@ -233,3 +233,32 @@ def test_a_single_stage_rerun_takes_the_latest_artifact_of_its_own_system(tmp_pa
     inputs = plan.upstream_for_single_stage(store, "fuse")
     assert inputs["search:a"].read_table().column("system").to_pylist() == ["a"]
     assert inputs["search:b"].read_table().column("system").to_pylist() == ["b"]
+
+
+def test_a_field_added_later_stays_out_of_the_hash_only_at_the_value_older_versions_had():
+    from typing import ClassVar, Optional
+
+    from pydantic import BaseModel
+
+    from tasks.engine import StageParams
+
+    class Inner(BaseModel):
+        kept: int = 1
+        newer: bool = False
+        ADDED: ClassVar[dict] = {"newer": False}   # a model that is not StageParams declares it a ClassVar
+
+    class Plain(BaseModel):
+        queries: str = "gold"
+
+    class Params(StageParams):
+        inner: Inner = Inner()
+        inners: list[Inner] = [Inner(), Inner(newer=True)]
+        plain: Plain = Plain()
+        extra: Optional[int] = None
+        ADDED = {"extra": None, "plain.queries": "gold"}
+
+    assert Params().hashed() == {"inner": {"kept": 1}, "inners": [{"kept": 1}, {"kept": 1, "newer": True}], "plain": {}}
+    changed = Params(inner=Inner(newer=True), plain=Plain(queries="synthetic"), extra=3).hashed()
+    assert changed == {"inner": {"kept": 1, "newer": True}, "inners": [{"kept": 1}, {"kept": 1, "newer": True}],
+                       "plain": {"queries": "synthetic"}, "extra": 3}
+    assert Params().model_dump()["extra"] is None   # only the hash leaves it out, not the dump

@@ -1,6 +1,8 @@
 """The layering, enforced: the import-linter contracts in pyproject.toml (storage < models < tasks <
-flows; within tasks, every stage family above the compute layer) pass, and no stage family imports another family's `stages.py` beyond the known exceptions
-listed here (each to be removed, never added to: a family shares code through a library module)."""
+flows; within tasks, every stage family above the compute layer) pass, and no module imports another
+family's `stages.py` beyond the crossings listed here: tasks/config.py gathering each family's config
+section (a new family with a config section adds its line; a family shares code through a library
+module, never through its stages)."""
 import subprocess
 import sys
 import tomllib

@@ -28,14 +28,13 @@ class EncodeConfig(BaseModel):
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding precision")
     bf16: Union[bool, Literal["auto"]] = Field(
         "auto", description="bf16 while encoding (torch's autocast; OpenVINO's precision hint); auto: on for CUDA "
-        "with bf16 and for CPUs with bf16 units, AMX or avx512_bf16 (models/cpu_features.py: 3.33x fp32 on an AMX "
-        "Xeon, slower than fp32 without them), off with int8 or onnx")
+        "with bf16 and for CPUs with bf16 units (AMX or avx512_bf16; emulated, and slower than fp32, without them), "
+        "off with int8 or onnx")
     int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
     runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
         "auto", description="torch (the reference), onnx (ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); "
-        "auto: openvino at bf16 where the CPU has bf16 units (4.36x sentence-transformers' torch fp32 on a Zen 5), "
-        "torch elsewhere (ONNX Runtime fp32 at parity on a Zen 1 EPYC, 1.26-1.45x on a Zen 3; its int8 1.85-2.05x "
-        "there but up to 0.4 off the demo's top-20: benchmarks/runtime_encoding.py)")
+        "auto: openvino at bf16 where the CPU has bf16 units, torch elsewhere (measured in docs/benchmarks.md, "
+        "'CPU runtimes')")
     device: str = Field("auto", description="'auto' picks CUDA when present")
 
 

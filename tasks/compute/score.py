@@ -5,9 +5,9 @@ carries, and the check of a faster path against torch fp32."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict
 
 from tasks.compute.device import resolve_device
 from tasks.runners import worker_cached
@@ -20,14 +20,7 @@ class ScoringSettings(BaseModel):
     runtime: Literal["torch", "onnx", "openvino"] = "torch"
     int8: bool = False
     bf16: bool = False   # bf16 on the CPU: torch's autocast or OpenVINO's hint (CUDA autocasts regardless, as before)
-
-    @model_serializer(mode="wrap")
-    def _without_fp32_default(self, handler):
-        # bf16 came later: off, it stays out of the dump, so versions hashed before it still match
-        out = handler(self)
-        if not self.bf16:
-            out.pop("bf16", None)
-        return out
+    ADDED: ClassVar[Mapping[str, Any]] = {"bf16": False}   # tasks.engine.without_added
 
     @classmethod
     def of(cls, config) -> "ScoringSettings":

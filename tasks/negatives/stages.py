@@ -120,13 +120,7 @@ class MineParams(StageParams):
     judge_scoring: Optional[ScoringSettings] = None  # how the cross_encoder judges (with drop_relevant_above)
     runner: RunnerConfig = LOCAL
     synthetic: Optional[SyntheticMining] = None     # the generated queries are mined too
-
-    def hashed(self) -> dict:
-        # Absent, `synthetic` stays out of the hash: versions built before it existed still match.
-        out = super().hashed()
-        if out.get("synthetic") is None:
-            out.pop("synthetic", None)
-        return out
+    ADDED = {"synthetic": None}
 
 
 def build_mined_negatives(params: MineParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:

@@ -66,14 +66,13 @@ class CrossEncoderConfig(BaseModel):
     runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
         "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference), onnx "
                             "(ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); auto: openvino at bf16 "
-                            "where the CPU has bf16 units, torch elsewhere (ONNX Runtime fp32 at parity on a Zen 1 "
-                            "EPYC, 1.21x on a Zen 3; int8 1.58-1.74x there: benchmarks/runtime_encoding.py)")
+                            "where the CPU has bf16 units, torch elsewhere (measured in docs/benchmarks.md, "
+                            "'CPU runtimes')")
     int8: bool = Field(False, description="CPU only: score with int8 weights (torch dynamic int8 or ORT int8)")
     bf16: Union[bool, Literal["auto"]] = Field(
         "auto", description="CPU scoring in bf16 (torch's autocast; OpenVINO's precision hint); auto: on where the "
-                            "CPU has bf16 units (AMX, avx512_bf16: OpenVINO bf16 4.21x CrossEncoder.predict fp32 on a "
-                            "Zen 5 EPYC, torch bf16 2.71x) without int8 or onnx, off elsewhere. CUDA scoring "
-                            "autocasts to bf16 whatever this says")
+                            "CPU has bf16 units (AMX or avx512_bf16) without int8 or onnx, off elsewhere. CUDA "
+                            "scoring autocasts to bf16 whatever this says")
     seed: int = 13
 
 
@@ -107,16 +106,7 @@ class CrossEncoderParams(StageParams):
     start_folder: Optional[str] = None
     bm25_k1: Optional[float] = None     # searching the generated queries (queries: synthetic)
     bm25_b: Optional[float] = None
-
-    def hashed(self) -> dict:
-        # What issue 25 added stays out of the hash at its defaults: classifiers trained before match.
-        out = super().hashed()
-        for name in ("start", "start_folder", "bm25_k1", "bm25_b"):
-            if out.get(name) is None:
-                out.pop(name, None)
-        if out["config"].get("queries") == "gold":
-            out["config"].pop("queries")
-        return out
+    ADDED = {"start": None, "start_folder": None, "bm25_k1": None, "bm25_b": None, "config.queries": "gold"}
 
 
 def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> pa.Table:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -156,9 +156,26 @@ class UniqueBatchSampler:
         self.position = int(state["position"])
 
 
+class Batch(NamedTuple):
+    """A collated bi-encoder batch, in the order the losses take it."""
+    queries: dict[str, torch.Tensor]
+    positives: dict[str, torch.Tensor]
+    negatives: Optional[dict[str, torch.Tensor]]   # N per question, question-major; None without hard negatives
+    weights: torch.Tensor                          # (B,): ones unless the pairs are weighted
+
+
+class TeacherBatch(NamedTuple):
+    """A `Batch` with the teacher's (B, 1 + N) scores of each question's positive and drawn negatives."""
+    queries: dict[str, torch.Tensor]
+    positives: dict[str, torch.Tensor]
+    negatives: Optional[dict[str, torch.Tensor]]
+    weights: torch.Tensor
+    teacher_scores: torch.Tensor
+
+
 class Collator:
-    """examples -> (query_batch, passage_batch, negative_batch or None, weights), and with
-    `teacher_scores` a fifth element: the (B, 1 + N) teacher scores of each question's positive
+    """examples -> a `Batch` (queries, positives, negatives or None, weights), and with
+    `teacher_scores` a `TeacherBatch`: also the (B, 1 + N) teacher scores of each question's positive
     and drawn negatives: an example's own `teacher_scores` (its whole pool, scored beforehand), or
     else the `teacher`'s logits of the pairs this batch draws, scored as the batch is built (GPL
     labels only the triplets it trains on: a run of one epoch over pools of M = 4 scores 1 + N
@@ -280,5 +297,6 @@ class Collator:
             negative_batch = self.encode_passages([examples[row].negatives[i] for row, i in drawn])
         weights = torch.tensor([float(e.weight) for e in examples], dtype=torch.float32)
         if self.teacher_scores:  # distillation: the teacher's scores of the positive and the drawn negatives
-            return query_batch, passage_batch, negative_batch, weights, self.teacher_matrix(examples, drawn, queries, epoch)
-        return query_batch, passage_batch, negative_batch, weights
+            return TeacherBatch(query_batch, passage_batch, negative_batch, weights,
+                                self.teacher_matrix(examples, drawn, queries, epoch))
+        return Batch(query_batch, passage_batch, negative_batch, weights)

@@ -32,7 +32,7 @@ from tasks.compute.device import resolve_device
 from tasks.progress import report
 
 from .callbacks import TrainerCallback
-from .data import Collator, TrainExample, UniqueBatchSampler
+from .data import Batch, Collator, TeacherBatch, TrainExample, UniqueBatchSampler
 from .distributed import Ranks, process_group
 
 log = logging.getLogger(__name__)
@@ -219,6 +219,12 @@ def _to(batch: dict[str, torch.Tensor] | torch.Tensor | None, device: torch.devi
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def _batch_to(batch: tuple, device: torch.device) -> tuple:
+    """Each part of a collated batch on `device`; a named batch keeps its names."""
+    moved = [_to(part, device) for part in batch]
+    return type(batch)(*moved) if hasattr(batch, "_fields") else tuple(moved)
+
+
 def _load_model_weights(model: nn.Module, directory: Path) -> None:
     loaded = type(model).from_pretrained(directory, load_tokenizer=False)
     model.load_state_dict(loaded.state_dict())
@@ -297,9 +303,9 @@ def train_bi_encoder(
     collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed,
                         teacher_scores=distils, teacher=teacher)
 
-    def loss_inputs(batch: tuple) -> tuple:
-        q, p, n, w, *rest = batch
-        return (q, p, n, w if weighted else None, *rest)
+    def loss_inputs(batch: Batch | TeacherBatch) -> tuple:
+        teacher = (batch.teacher_scores,) if isinstance(batch, TeacherBatch) else ()
+        return (batch.queries, batch.positives, batch.negatives, batch.weights if weighted else None, *teacher)
 
     result = run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
                           progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
@@ -483,7 +489,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         for indices in sampler:
             examples_run += len(indices)  # the global batch (a short last one counts as it is)
             indices = ranks.shard(indices)  # this rank's slice of the global batch
-            batch = tuple(_to(b, device) for b in collate([examples[i] for i in indices], epoch=sampler.epoch))
+            batch = _batch_to(collate([examples[i] for i in indices], epoch=sampler.epoch), device)
             for hook in hooks:
                 hook.on_batch(step + 1, batch)
             with autocast():
