@@ -68,3 +68,11 @@ def test_the_check_sees_a_crossing():
     graph.add_import(importer="tasks.a.helpers", imported="tasks.b.models")  # a library module: allowed
     graph.add_import(importer="tasks.b.models", imported="tasks.b.stages")   # its own family: allowed
     assert crossings(graph) == {("tasks.a.helpers", "tasks.b.stages")}
+
+
+def test_the_independence_contract_lists_every_familys_stages():
+    # a family's stages left out of the list could be imported by another family's stages, unseen
+    contracts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    independent = next(c for c in contracts if c["type"] == "independence")
+    stages = {f"tasks.{p.parent.name}.stages" for p in (PROJECT_ROOT / "tasks").glob("*/stages.py")}
+    assert set(independent["modules"]) == stages
