@@ -47,3 +47,11 @@ def auto_bf16(device: str) -> bool:
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return device == "cpu" and has_bf16_units()
+
+
+def bf16_wanted(flag: str | bool, device: str) -> bool:
+    """The one reading of a bf16 setting ('auto', 'on', 'off', True, False) on `device` (resolved):
+    'auto' is `auto_bf16`; each caller then rules out what its path cannot take (int8, ONNX)."""
+    if flag == "auto":
+        return auto_bf16(device)
+    return flag == "on" if isinstance(flag, str) else bool(flag)

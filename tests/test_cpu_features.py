@@ -55,6 +55,9 @@ def test_bf16_units_are_amx_or_avx512_bf16_and_auto_follows_them(cpuinfo, monkey
     cpuinfo(text)
     assert cpu_features.has_bf16_units() is units
     assert cpu_features.auto_bf16("cpu") is units
+    # the one reading of a setting: auto follows the units, a named choice is kept either way
+    assert [cpu_features.bf16_wanted(flag, "cpu") for flag in ("auto", "on", "off", True, False)] == \
+        [units, True, False, True, False]
     settings = EncodeSettings.of(EncodeConfig(device="cpu"))
     assert (settings.precision, settings.runtime) == (("bf16", "openvino") if units else ("fp32", "torch"))
     assert settings.device("cpu") == "cpu"

@@ -56,10 +56,10 @@ class EncodeSettings(BaseModel):
         values = encode.model_dump(include=set(cls.model_fields) - {"runtime", "bf16"})
         bf16 = encode.bf16
         if bf16 == "auto":  # resolved at planning, like the runtime: a version hashes what it ran
-            from models.cpu_features import auto_bf16
+            from models.cpu_features import bf16_wanted
 
             bf16 = (not encode.int8 and encode.runtime in ("auto", "torch", "openvino")
-                    and auto_bf16(resolve_device(encode.device)))
+                    and bf16_wanted("auto", resolve_device(encode.device)))
         return cls(**values, bf16=bf16, runtime=resolve_runtime(encode.runtime, encode.device, bf16))
 
     @property

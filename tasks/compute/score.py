@@ -26,7 +26,7 @@ class ScoringSettings(BaseModel):
     def of(cls, config) -> "ScoringSettings":
         """The settings of the `cross_encoder` config section `config` (its device, runtime,
         int8 and bf16), resolved for this machine."""
-        from models.cpu_features import has_bf16_units
+        from models.cpu_features import bf16_wanted
         from models.onnx_runtime import resolve_runtime
 
         on_cuda = resolve_device(config.device).startswith("cuda")
@@ -35,7 +35,7 @@ class ScoringSettings(BaseModel):
         if config.bf16 is True and (config.int8 or config.runtime == "onnx"):
             raise ValueError(f"cross_encoder.bf16 cannot go with {'int8' if config.int8 else 'runtime onnx'}")
         # resolved at planning, like the runtime: a version hashes the precision it was scored at
-        bf16 = (config.bf16 is True or (config.bf16 == "auto" and has_bf16_units())) \
+        bf16 = bf16_wanted(config.bf16, "cpu") \
             and not on_cuda and not config.int8 and config.runtime != "onnx"
         return cls(runtime=resolve_runtime(config.runtime, config.device, bf16), int8=config.int8, bf16=bf16)
 

@@ -88,9 +88,9 @@ class ScheduleArgs(BaseModel):
         """These settings as planned for `device` ('auto', 'cpu', 'cuda'): 'auto' becomes 'on' on a
         CPU with bf16 units (hashed: the version names a bf16-trained model), and stays 'auto'
         elsewhere, so versions planned before CPU bf16 training keep their hash."""
-        from models.cpu_features import has_bf16_units
+        from models.cpu_features import bf16_wanted
 
-        if self.bf16 == "auto" and torch.device(resolve_device(device)).type == "cpu" and has_bf16_units():
+        if self.bf16 == "auto" and torch.device(resolve_device(device)).type == "cpu" and bf16_wanted("auto", "cpu"):
             return self.model_copy(update={"bf16": "on"})
         return self
 
@@ -146,16 +146,14 @@ def set_rng_states(state: dict[str, Any]) -> None:
 def use_bf16(flag: str | bool, device: torch.device) -> bool:
     """TrainerArgs.bf16 ('auto', 'on', 'off'; True/False too) -> whether to autocast to bf16 on
     `device`: CUDA and the CPU autocast alike (models/cpu_features.py says where it is fast)."""
-    from models.cpu_features import auto_bf16, has_bf16_units
+    from models.cpu_features import bf16_wanted, has_bf16_units
 
     if device.type not in ("cuda", "cpu"):
         if flag in ("on", True):
             warnings.warn(f"bf16 autocast is for CUDA and CPUs; training in fp32 on {device.type}")
         return False
-    if flag == "auto":
-        return auto_bf16(device.type)
-    on = flag == "on" if isinstance(flag, str) else bool(flag)
-    if on and device.type == "cpu" and not has_bf16_units():
+    on = bf16_wanted(flag, device.type)
+    if on and flag != "auto" and device.type == "cpu" and not has_bf16_units():
         warnings.warn("bf16 on a CPU without bf16 units (AMX, avx512_bf16) is emulated: slower than fp32")
     return on
 
