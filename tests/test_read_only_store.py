@@ -2,7 +2,8 @@
 serves its readers (`pforge artifacts`, `sql`, `search`, `plan`, `verify`) without writing a byte
 there, through the catalog on disk when it is current and a private one when it is stale; its
 writers (`run`, `refresh`, `promote`, `gc`, `import`, and `serve`, whose every deployment builds into
-the root) refuse it in one line, exit 2.
+the root) refuse it in one line, exit 2. A promoted dense model serves `pforge search` from it, as
+users deploy one from a read-only volume.
 
 As root (these machines) the root is made read-only by a read-only bind mount over itself (root
 ignores permission bits); as another user, by chmod -R a-w."""
@@ -23,6 +24,7 @@ import pytest
 from flows.cli import COMMANDS, main
 from storage import ArtifactStore, ReadOnlyStoreError, require_writable_root, write_table
 from tasks.config import PROJECT_ROOT
+from tests.test_search_cli import QUESTION, _stored_run, _test_question, built  # noqa: F401  (fixture: a tiny dense run)
 
 TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
 PASSAGES = pa.table({"pid": ["p1", "p2", "p3"], "doc_id": ["d1", "d2", "d3"],
@@ -284,4 +286,45 @@ def test_bm25_search_serves_from_a_read_only_root(tmp_path, capsys, caplog, how)
         lines = out.splitlines()
         assert lines[0].startswith("bm25 (bm25_runs ") and "top 1 for 'volcano lava'" in lines[0]
         assert lines[1].split()[0] == "1" and lines[1].endswith("Volcano  [p3]")
+        assert _tree(root) == before
+
+
+def _printed_hits(out: str) -> list[tuple[int, str, str]]:
+    """(rank, title, pid) of each hit `pforge search` printed (a line of rank, score, title, [pid],
+    then a line of text)."""
+    hits = []
+    for line in out.splitlines()[1::2]:
+        rank, _score, rest = line.split(maxsplit=2)
+        title, _, pid = rest.rpartition("  [")
+        hits.append((int(rank), title, pid.rstrip("]")))
+    return hits
+
+
+def test_a_promoted_dense_model_serves_search_from_a_read_only_root(built, capsys, caplog):
+    """Promoted on a writable root, then mounted read-only: `search --promoted` (and plain `search`,
+    which serves the promotion) loads the encoder and the FAISS index from the root, ranks as the
+    pipeline ranked its own questions, and writes nothing there."""
+    from flows import rankers
+
+    root, store = built["root"], built["store"]
+    assert main(["--root", str(root), "promote", built["encoder"][:8]]) == 0
+    capsys.readouterr()
+    qid, question = _test_question(store)
+    expected = [pid for pid, _ in _stored_run(store, "dense_runs", "served", qid, 3)]
+    header = (f"served (dense_runs {built['versions']['search:served']}, encoder dense_model {built['encoder']}): "
+              f"top 3 for ")
+    rankers._LOADED.clear()  # the encoder and the index are loaded from the read-only root, not kept from before
+    with read_only(root) as root:
+        before = _tree(root)
+        caplog.clear()
+        for which in (["--promoted"], []):  # --promoted, and the default once something is promoted
+            rc, out, err = _cli(capsys, root, "search", question, *which, "-k", "3")
+            assert rc == 0, err
+            assert out.splitlines()[0] == header + repr(question) and len(out.splitlines()) == 7
+            hits = _printed_hits(out)
+            assert [rank for rank, _, _ in hits] == [1, 2, 3] and all(title for _, title, _ in hits)
+            assert [pid for _, _, pid in hits] == expected  # the pipeline's own run for this question
+        rc, out, err = _cli(capsys, root, "search", QUESTION, "--promoted", "-k", "2")
+        assert rc == 0 and "Normans" in [title for _, title, _ in _printed_hits(out)], err
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert _tree(root) == before
