@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -38,51 +37,28 @@ import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from _shared import load_has_answer, squad_articles  # noqa: E402
 
 from tasks.schemas import RUNS  # noqa: E402
 
 K1, B = 0.9, 0.4
 
 
-# --------------------------------------------------------------------------- answer check
-def load_has_answer():
-    """(callable, source): the project's DPR matcher, else a flagged normalized-substring fallback."""
-    try:
-        from tasks.evaluation.has_answer import has_answer
-
-        return has_answer, "tasks.evaluation.has_answer (DPR tokens)"
-    except ImportError:
-        import unicodedata
-
-        def _norm(s: str) -> str:
-            s = unicodedata.normalize("NFD", s or "").lower()
-            s = re.sub(r"[^\w\s]", " ", s)
-            return " " + " ".join(s.split()) + " "
-
-        def has_answer(answers, text):
-            t = _norm(text)
-            return any(_norm(a).strip() and _norm(a) in t for a in answers)
-
-        return has_answer, "FALLBACK normalized substring (tasks.evaluation.has_answer missing)"
-
-
 # --------------------------------------------------------------------------- inputs
 def squad_corpus(path: Path, words: int = 100) -> tuple[pa.Table, pa.Table]:
     """Passages (paragraph contexts in `words`-word chunks) and questions from a SQuAD json."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     pids, titles, texts, qids, questions, answers = [], [], [], [], [], []
-    for a_i, article in enumerate(data):
-        title = article["title"].replace("_", " ")
-        for p_i, para in enumerate(article["paragraphs"]):
-            toks = para["context"].split()
+    for a_i, article in enumerate(squad_articles(path)):
+        for p_i, para in enumerate(article.paragraphs):
+            toks = para.context.split()
             for c_i in range(0, max(len(toks), 1), words):
                 pids.append(f"squad-{a_i}-{p_i}-{c_i // words}")
-                titles.append(title)
+                titles.append(article.title)
                 texts.append(" ".join(toks[c_i:c_i + words]))
-            for qa in para["qas"]:
-                qids.append(qa["id"])
-                questions.append(qa["question"])
-                answers.append(sorted({x["text"] for x in qa["answers"]}))
+            for q in para.questions:
+                qids.append(q["qid"])
+                questions.append(q["question"])
+                answers.append(sorted(q["answers"]))
     passages = pa.table({"pid": pids, "title": titles, "text": texts})
     qs = pa.table({"qid": qids, "question": questions, "answers": answers})
     return passages, qs

@@ -32,21 +32,24 @@ import numpy as np
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 
 def squad_pairs(path: Path, n: int, seed: int = 0) -> list[tuple[str, str]]:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+    """(question, paragraph) pairs: each paragraph's first question with its own paragraph, then with
+    a paragraph of another article drawn at random (seeded); the first `n`."""
+    articles = squad_articles(path)
     rng = random.Random(seed)
     pairs = []
-    for a_i, article in enumerate(data):
-        for para in article["paragraphs"]:
-            for qa in para["qas"][:1]:
-                pairs.append((qa["question"], para["context"]))
-                other = data[(a_i + 1 + rng.randrange(len(data) - 1)) % len(data)]
-                pairs.append((qa["question"], rng.choice(other["paragraphs"])["context"]))
+    for a_i, article in enumerate(articles):
+        for para in article.paragraphs:
+            for q in para.questions[:1]:
+                pairs.append((q["question"], para.context))
+                other = articles[(a_i + 1 + rng.randrange(len(articles) - 1)) % len(articles)]
+                pairs.append((q["question"], rng.choice(other.paragraphs).context))
     return pairs[:n]
 
 

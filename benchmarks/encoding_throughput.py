@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from _shared import load_has_answer, squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -67,19 +68,17 @@ SYSTEM_NAMES = {
 # --------------------------------------------------------------------------- inputs
 def squad_paragraphs(path: Path) -> tuple[pa.Table, pa.Table]:
     """Passages = SQuAD paragraphs (title = article, doc_id = paragraph), questions with answers."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     pids, titles, texts, qids, questions, answers, q_docs = [], [], [], [], [], [], []
-    for a_i, article in enumerate(data):
-        title = article["title"].replace("_", " ")
-        for p_i, para in enumerate(article["paragraphs"]):
+    for a_i, article in enumerate(squad_articles(path)):
+        for p_i, para in enumerate(article.paragraphs):
             pid = f"squad-{a_i}-{p_i}"
             pids.append(pid)
-            titles.append(title)
-            texts.append(para["context"])
-            for qa in para["qas"]:
-                qids.append(qa["id"])
-                questions.append(qa["question"])
-                answers.append(sorted({x["text"] for x in qa["answers"]}))
+            titles.append(article.title)
+            texts.append(para.context)
+            for q in para.questions:
+                qids.append(q["qid"])
+                questions.append(q["question"])
+                answers.append(sorted(q["answers"]))
                 q_docs.append(pid)
     return (pa.table({"pid": pids, "doc_id": pids, "title": titles, "text": texts}),
             pa.table({"qid": qids, "question": questions, "answers": answers, "doc_id": q_docs}))
@@ -112,19 +111,6 @@ def load_inputs(args):
     return (subset.column("pid").to_pylist(), list(zip(titles, texts)),
             questions.column("question").to_pylist(),
             [list(a or []) for a in questions.column("answers").to_pylist()], source)
-
-
-def load_has_answer():
-    try:
-        from tasks.evaluation.has_answer import has_answer
-
-        return has_answer
-    except ImportError:  # pragma: no cover - fallback: normalized substring
-        def has_answer(answers, text):
-            t = " ".join(text.lower().split())
-            return any(a and " ".join(a.lower().split()) in t for a in answers)
-
-        return has_answer
 
 
 # --------------------------------------------------------------------------- agreement
@@ -182,20 +168,17 @@ def main(argv=None) -> dict:
         raise SystemExit("int8 (dynamic quantisation) runs on cpu only")
 
     torch.set_num_threads(args.threads)
-    from sentence_transformers import SentenceTransformer
-
     from models import BiEncoder, resolve_checkpoint
     from tasks.compute.batch_encode import encode_texts
 
     pids, pairs, questions, answers, source = load_inputs(args)
     texts = [x for _, x in pairs]
-    has_answer = load_has_answer()
+    has_answer, has_answer_src = load_has_answer()
 
     ref = resolve_checkpoint(args.model)
     ours = BiEncoder.from_pretrained(args.model, pooling="mean", normalize=True).to(device).eval()
     tok = ours.tokenizer
-    st = SentenceTransformer(ref, device=device)
-    st.max_seq_length = args.max_length
+    st = st_peer(ref, device=device, max_length=args.max_length)
 
     def run_st(items):
         return st.encode(items, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
@@ -260,8 +243,10 @@ def main(argv=None) -> dict:
         f"{k} " + ", ".join(f"{s:.2f}" for s in seconds[k]) for k in keys))
     print(f"ST fp32 vs ours fp32: max |diff| of the passage vectors {st_vs_ours_max_abs:.2e} "
           "(same model and tokens: should be ~1e-6).")
+    print(f"answer check: {has_answer_src}")
     result = {"source": source, "args": vars(args), "n_passages": len(pairs), "n_questions": len(questions),
-              "mean_tokens": float(n_tokens.mean()), "st_vs_ours_fp32_max_abs": st_vs_ours_max_abs, "rows": rows}
+              "mean_tokens": float(n_tokens.mean()), "st_vs_ours_fp32_max_abs": st_vs_ours_max_abs,
+              "has_answer": has_answer_src, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

@@ -61,8 +61,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-import _bootstrap  # noqa: F401,E402  (puts the project on sys.path)
+from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
+from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -74,7 +75,6 @@ NAMES = {"peer": "plain `model.generate` loop, corpus order (peer)",
 CT2_NAMES = {"int8": "ctranslate2 int8 (`load_ct2_generator`)", "float32": "ctranslate2 float32 (`load_ct2_generator`)"}
 LCPP_NAMES = {"int8": "llama.cpp q8_0 (`load_llamacpp_generator`)", "float32": "llama.cpp f32 (`load_llamacpp_generator`)",
               "bfloat16": "llama.cpp bf16 (`load_llamacpp_generator`)"}
-SQUAD_DEV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "squad" / "dev-v1.1-partial.json"
 
 
 def load_passages(path: str | None, limit: int) -> list[tuple[str, str]]:
@@ -82,7 +82,7 @@ def load_passages(path: str | None, limit: int) -> list[tuple[str, str]]:
         from tasks.chunking.chunker import chunk_documents
         from tasks.readers.squad import iter_squad_documents
 
-        chunks = chunk_documents(iter_squad_documents(SQUAD_DEV), words=100)
+        chunks = chunk_documents(iter_squad_documents(DEFAULT_SQUAD), words=100)
         return [(c["title"], c["text"]) for _, c in zip(range(limit or 10**9), chunks)]
     table = pq.read_table(path, columns=["title", "text"])
     table = table.slice(0, limit or table.num_rows)
@@ -92,13 +92,12 @@ def load_passages(path: str | None, limit: int) -> list[tuple[str, str]]:
 
 def squad_paragraphs(n: int) -> list[tuple[tuple[str, str], list[str]]]:
     """The first n SQuAD dev paragraphs with gold questions: ((title, context), questions)."""
-    data = json.loads(SQUAD_DEV.read_text())["data"]
     out = []
-    for article in data:
-        for para in article["paragraphs"]:
-            questions = [q["question"] for q in para["qas"] if q.get("question")]
+    for article in squad_articles(DEFAULT_SQUAD):
+        for para in article.paragraphs:
+            questions = [q["question"] for q in para.questions]
             if questions and len(out) < n:
-                out.append(((article["title"].replace("_", " "), para["context"]), questions))
+                out.append(((article.title, para.context), questions))
     return out
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
 from timing import cpu_name  # noqa: E402
+from _shared import squad_articles  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,11 +46,11 @@ import torch  # noqa: E402
 
 def squad_pairs(path: Path, train_articles: int = 40, dev_articles: int = 8, dev_pairs: int = 48):
     """(train pairs, dev pairs): ((title, paragraph), first question) per paragraph."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+    data = squad_articles(path)
 
     def pairs(articles):
-        return [((a["title"].replace("_", " "), p["context"]), p["qas"][0]["question"])
-                for a in articles for p in a["paragraphs"] if p["qas"]]
+        return [((a.title, p.context), p.questions[0]["question"])
+                for a in articles for p in a.paragraphs if p.questions]
     return pairs(data[:train_articles]), pairs(data[-dev_articles:])[:dev_pairs]
 
 

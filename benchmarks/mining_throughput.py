@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 import timing  # noqa: E402
+from _shared import st_peer  # noqa: E402
 
 DEFAULT_PASSAGES = "/tmp/bench-artifacts/passages/e30b546259170629/data"
 QUERY_WORDS = 40
@@ -137,13 +138,9 @@ def make_ours(args, pids, texts, queries, positives):
 
 def make_peer(args, pids, texts, queries, positives):
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    from models import resolve_checkpoint
-
-    st = SentenceTransformer(resolve_checkpoint("minilm"), device="cpu")
-    st.max_seq_length = args.max_length
+    st = st_peer("minilm", max_length=args.max_length)
     text_of = dict(zip(pids, texts))
     pid_of = {t: p for p, t in text_of.items()}
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
+from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -45,14 +46,12 @@ import torch  # noqa: E402
 def squad_pairs(path: Path, n: int) -> list[tuple[str, tuple[str, str], str]]:
     """(question, (title, paragraph), another paragraph of the article), one per paragraph, `n`
     of them (cycling through the file when it has fewer)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     out = []
-    for article in data:
-        title = article["title"].replace("_", " ")
-        paras = [p for p in article["paragraphs"] if p["qas"]]
+    for article in squad_articles(path):
+        paras = [p for p in article.paragraphs if p.questions]
         for i, para in enumerate(paras):
             if len(paras) > 1:
-                out.append((para["qas"][0]["question"], (title, para["context"]), paras[(i + 1) % len(paras)]["context"]))
+                out.append((para.questions[0]["question"], (article.title, para.context), paras[(i + 1) % len(paras)].context))
             if len(out) >= n:
                 return out
     if not out:

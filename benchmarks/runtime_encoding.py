@@ -63,6 +63,7 @@ from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.pat
 import timing  # noqa: E402
 from timing import cpu_name  # noqa: E402
 import roofline  # noqa: E402
+from _shared import squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -72,14 +73,13 @@ from models.cpu_features import has_bf16_units  # noqa: E402
 
 def squad(path: Path, limit: int):
     """((title, text) pairs, questions) of the first `limit` paragraphs."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     passages, questions = [], []
-    for article in data:
-        for para in article["paragraphs"]:
+    for article in squad_articles(path):
+        for para in article.paragraphs:
             if len(passages) == limit:
                 return passages, questions
-            passages.append((article["title"].replace("_", " "), para["context"]))
-            questions += [qa["question"] for qa in para["qas"][:1]]
+            passages.append((article.title, para.context))
+            questions += [q["question"] for q in para.questions[:1]]
     return passages, questions
 
 
@@ -119,10 +119,8 @@ def st_onnx_peer(folder: str):
         import optimum  # noqa: F401
     except ImportError:
         return None, ONNX_PEER_NOTE
-    from sentence_transformers import SentenceTransformer
-
     try:
-        return SentenceTransformer(folder, backend="onnx", device="cpu"), None
+        return st_peer(folder, backend="onnx"), None
     except Exception as exc:  # noqa: BLE001  (an optional peer: say why, keep the run)
         return None, f"did not load: {exc}"
 
@@ -244,8 +242,6 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def bench_encode(args) -> dict:
-    from sentence_transformers import SentenceTransformer
-
     from models.checkpoints import resolve_checkpoint
     from tasks.compute.bi_encoder import encode_side, for_inference, load_bi_encoder
 
@@ -256,8 +252,7 @@ def bench_encode(args) -> dict:
     torch_model = for_inference(model, "cpu")
     onnx_fp32 = for_inference(model, "cpu", runtime="onnx")
     onnx_int8 = for_inference(model, "cpu", int8=True, runtime="onnx")
-    st = SentenceTransformer(folder, device="cpu")
-    st.max_seq_length = args.max_length
+    st = st_peer(folder, max_length=args.max_length)
     st_onnx, st_onnx_note = st_onnx_peer(folder)
 
     def ours(m, bf16=False):
@@ -308,18 +303,18 @@ def auc_pairs(path: Path, questions: int, negatives: int = 7,
     nearest ones after it first (same-article paragraphs: the hard negatives at hand). Articles
     whose title is in `skip_articles` are left out."""
     pairs, labels = [], []
-    for article in json.loads(Path(path).read_text(encoding="utf-8"))["data"]:
-        if article["title"] in skip_articles:
+    for article in squad_articles(path):
+        if article.doc_id.partition(":")[2] in skip_articles:  # the title as the file spells it
             continue
-        contexts = [para["context"] for para in article["paragraphs"]]
-        for i, para in enumerate(article["paragraphs"]):
+        contexts = [para.context for para in article.paragraphs]
+        for i, para in enumerate(article.paragraphs):
             if len(labels) and sum(labels) == questions:
                 return pairs, labels
-            if not para["qas"]:
+            if not para.questions:
                 continue
-            question = para["qas"][0]["question"]
+            question = para.questions[0]["question"]
             others = [contexts[(i + k) % len(contexts)] for k in range(1, len(contexts))][:negatives]
-            pairs += [(question, para["context"])] + [(question, c) for c in others]
+            pairs += [(question, para.context)] + [(question, c) for c in others]
             labels += [1] + [0] * len(others)
     return pairs, labels
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
+from _shared import squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -43,13 +44,11 @@ SCALE = 20.0
 
 def squad_pairs(path: Path, n: int) -> list[tuple[str, tuple[str, str]]]:
     """(question, (title, paragraph)) pairs, one question per paragraph (no duplicate positives)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     pairs = []
-    for article in data:
-        title = article["title"].replace("_", " ")
-        for para in article["paragraphs"]:
-            if para["qas"]:
-                pairs.append((para["qas"][0]["question"], (title, para["context"])))
+    for article in squad_articles(path):
+        for para in article.paragraphs:
+            if para.questions:
+                pairs.append((para.questions[0]["question"], (article.title, para.context)))
             if len(pairs) >= n:
                 return pairs
     raise SystemExit(f"{path} has only {len(pairs)} paragraphs with questions, need {n}")
@@ -65,10 +64,9 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from models import BiEncoder, InBatchSoftmaxLoss, resolve_checkpoint
+    from models import BiEncoder, InBatchSoftmaxLoss
 
     device, bs = args.device, args.batch_size
     spr = args.steps_per_repeat
@@ -77,7 +75,6 @@ def main(argv=None) -> dict:
     batches = [pairs[i * bs:(i + 1) * bs] for i in range(n_steps)]
     autocast = ((lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)) if args.bf16
                 else contextlib.nullcontext)
-    ref = resolve_checkpoint(args.model)
 
     def tokenize(tok, texts, max_length):
         """Questions (strings) or passages ((title, text) pairs, as the trainer tokenises them)."""
@@ -99,7 +96,7 @@ def main(argv=None) -> dict:
 
     # -- sentence-transformers --------------------------------------------------------------
     torch.manual_seed(0)
-    st = SentenceTransformer(ref, device=device)
+    st = st_peer(args.model, device=device)
     st.train()
     st_loss = MultipleNegativesRankingLoss(st, scale=SCALE)
     st_opt = torch.optim.AdamW(st.parameters(), lr=args.lr)

@@ -40,6 +40,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
+from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -49,17 +50,16 @@ def squad_examples(path: Path, n: int):
     """TrainExamples: a question, its paragraph, and the article's next paragraph as hard negative."""
     from tasks.training import TrainExample
 
-    data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     out = []
-    for article in data:
-        title = article["title"].replace("_", " ")
-        paragraphs = article["paragraphs"]
+    for article in squad_articles(path):
+        title, paragraphs = article.title, article.paragraphs
         for i, para in enumerate(paragraphs):
-            if not para["qas"] or len(paragraphs) < 2:
+            if not para.questions or len(paragraphs) < 2:
                 continue
-            negative = paragraphs[(i + 1) % len(paragraphs)]["context"]
-            out.append(TrainExample(qid=para["qas"][0]["id"], query=para["qas"][0]["question"],
-                                    positive=(title, para["context"]), positive_id=f"{title}:{i}",
+            negative = paragraphs[(i + 1) % len(paragraphs)].context
+            first = para.questions[0]
+            out.append(TrainExample(qid=first["qid"], query=first["question"],
+                                    positive=(title, para.context), positive_id=f"{title}:{i}",
                                     negatives=[(title, negative)]))
             if len(out) >= n:
                 return out

@@ -85,14 +85,19 @@ def test_openvino_rows_are_the_project_runtime_at_each_precision(runtime_encodin
     assert "openvino-bf16" not in runtime_encoding.openvino_encoders(model, rows["openvino"], ITEMS, 64, bf16=False)
 
 
+def _squad_article(title, n):
+    """A SQuAD article of n paragraphs "TITLE i", each with one question "q TITLE i" answered by TITLE."""
+    return {"title": title, "paragraphs": [
+        {"context": f"{title} {i}",
+         "qas": [{"id": f"{title}-{i}", "question": f"q {title} {i}", "answers": [{"text": title, "answer_start": 0}]}]}
+        for i in range(n)]}
+
+
 def test_auc_pairs_are_each_questions_own_paragraph_and_others_of_its_article(runtime_encoding, tmp_path):
     import json
 
-    def article(title, n):
-        return {"title": title, "paragraphs": [{"context": f"{title} {i}", "qas": [{"question": f"q {title} {i}"}]}
-                                               for i in range(n)]}
     path = tmp_path / "squad.json"
-    path.write_text(json.dumps({"data": [article("a", 3), article("b", 10)]}))
+    path.write_text(json.dumps({"data": [_squad_article("a", 3), _squad_article("b", 10)]}))
     pairs, labels = runtime_encoding.auc_pairs(path, questions=4)
     assert sum(labels) == 4 and len(pairs) == len(labels) == 3 * 3 + 8
     assert pairs[:3] == [("q a 0", "a 0"), ("q a 0", "a 1"), ("q a 0", "a 2")] and labels[:3] == [1, 0, 0]
@@ -112,7 +117,6 @@ def test_auc_leaves_out_the_articles_the_classifier_trained_on(runtime_encoding,
                    folder / "part-00000.parquet")
     assert runtime_encoding.trained_articles(str(folder)) == {"a"} and runtime_encoding.trained_articles(None) == set()
     path = tmp_path / "squad.json"
-    path.write_text(json.dumps({"data": [{"title": t, "paragraphs": [{"context": f"{t} {i}", "qas": [{"question": f"q {t} {i}"}]}
-                                                                      for i in range(3)]} for t in ("a", "b")]}))
+    path.write_text(json.dumps({"data": [_squad_article(t, 3) for t in ("a", "b")]}))
     pairs, labels = runtime_encoding.auc_pairs(path, questions=2, skip_articles=frozenset({"a"}))
     assert sum(labels) == 2 and {q for q, _ in pairs} == {"q b 0", "q b 1"}

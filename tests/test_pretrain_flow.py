@@ -2,7 +2,7 @@
 writes the synthetic queries, a tiny random BERT is pre-trained (CoT-MAE form on the queries, the
 passage-passage baseline on the documents), and dense systems start from the saved base
 checkpoints: retriever 1 with BM25 negatives, retriever 2 with negatives mined by retriever 1
-(paper 002 figure 3). The plumbing, not the quality (benchmarks/query_as_context_quality.py)."""
+(paper 002 figure 3). The plumbing, not the quality (benchmarks/quality/query_as_context_quality.py)."""
 import json
 
 import pytest

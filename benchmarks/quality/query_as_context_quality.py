@@ -3,7 +3,7 @@ each start (fine-tune only, passage-passage pre-training, the coCondenser and Co
 its retriever 1 (BM25 negatives) and retriever 2 (negatives mined by retriever 1), from one
 pipeline run of a config, with seeds and runtimes.
 
-    HF_HUB_OFFLINE=1 python benchmarks/query_as_context_quality.py [--config configs/query-as-context.yaml] \
+    HF_HUB_OFFLINE=1 python benchmarks/quality/query_as_context_quality.py [--config configs/query-as-context.yaml] \
         [--root artifacts] [--seeds 42 ...] [--split test] [--out benchmarks/results/pretraining_quality_cpu.md]
 
 Each seed runs the whole config through the flow (`pipeline`) with every pre-training and
@@ -24,7 +24,7 @@ import platform
 import time
 from pathlib import Path
 
-import _bootstrap  # noqa: F401  (puts the project on sys.path)
+import _quality_bootstrap  # noqa: F401  (puts the project on sys.path)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

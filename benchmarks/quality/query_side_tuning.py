@@ -1,7 +1,7 @@
 """Query-side fine-tuning against a frozen passage index, compared with the zero-shot encoder it
 starts from, in the same run (a probe of how much the query tower alone can gain on SQuAD).
 
-    HF_HUB_OFFLINE=1 python benchmarks/query_side_tuning.py --root artifacts [--epochs 3] [--lr 2e-5]
+    HF_HUB_OFFLINE=1 python benchmarks/quality/query_side_tuning.py --root artifacts [--epochs 3] [--lr 2e-5]
 
 Needs the embedded default's artifacts (`make demo`): the zero-shot passage embeddings, the
 questions, passages and gold. The passage vectors stay fixed; a copy of MiniLM encodes the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
+from _quality_bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -4,7 +4,7 @@ MiniLM classifier for a few steps on a small fixed sample of the classifier's ow
 AUC on those same pairs: a rate that cannot fit 64 pairs will not fit 20,000 in an epoch. This is
 how the study chose its classifier rate (README, corpus-scale study).
 
-    .venv/bin/python benchmarks/classifier_lr_check.py --root ~/pforge-runs/study --lr 3e-5 1e-4 2e-4
+    .venv/bin/python benchmarks/quality/classifier_lr_check.py --root ~/pforge-runs/study --lr 3e-5 1e-4 2e-4
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.timing import cpu_name  # noqa: E402
+import _quality_bootstrap  # noqa: F401  (puts benchmarks/ and the project on sys.path)
+from timing import cpu_name  # noqa: E402
 
 
 def training_sample(root: Path, pairs: int, seed: int):

@@ -1,7 +1,7 @@
 """Paper 000 figure 2 at CPU size: xMoCo's top-20 accuracy against its queue size, and xMoCo
 against DPR at equal steps with and without hard negatives, on the embedded default.
 
-    HF_HUB_OFFLINE=1 nice -n 10 python benchmarks/xmoco_queue_study.py [--steps 30] [--batch-size 16] \
+    HF_HUB_OFFLINE=1 nice -n 10 python benchmarks/quality/xmoco_queue_study.py [--steps 30] [--batch-size 16] \
         [--queue-sizes 32,256,1024,4096,16384] [--root DIR] [--out benchmarks/results/xmoco_queue_study_cpu.md]
 
 It drives the pipeline: writes a config that extends configs/squad-open.yaml with one dense system
@@ -22,8 +22,8 @@ Direct mode, for a GPU machine (no Prefect, BM25 or FAISS there): the same study
 pipeline's tables exported to Parquet, by plain functions (the trainer, the encode function,
 exact inner-product search: FAISS IndexFlatIP's ranking, and the evaluation's answer matching):
 
-    python benchmarks/dense_quality.py --export-data DIR          # here, after `make demo`
-    python benchmarks/xmoco_queue_study.py --direct DIR --model PATH --device cuda \
+    python benchmarks/quality/dense_quality.py --export-data DIR          # here, after `make demo`
+    python benchmarks/quality/xmoco_queue_study.py --direct DIR --model PATH --device cuda \
         --batch-size 128 --epochs 5 --lr 3e-5 --warmup-ratio 0.05 --queue-sizes 256,1024,4096,16384 \
         --out benchmarks/results/xmoco_queue_study_h100.md
 
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
+from _quality_bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -119,7 +119,7 @@ def training_seconds(report: Path, versions: dict[str, str]) -> dict[str, float]
 
 
 def run_direct(args, dense_systems: list[dict], stands_for: dict[int, str]) -> None:
-    """The study from exported tables (benchmarks/dense_quality.py --export-data), by plain functions;
+    """The study from exported tables (benchmarks/quality/dense_quality.py --export-data), by plain functions;
     writes the report after every system, so a run stopped early still leaves its rows."""
     from types import SimpleNamespace
 
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     ap.add_argument("--name", default="xmoco-queue-study")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "xmoco_queue_study_cpu.md"))
     ap.add_argument("--print-config", action="store_true", help="print the generated config and stop")
-    ap.add_argument("--direct", help="direct mode: a folder of exported tables (benchmarks/dense_quality.py --export-data)")
+    ap.add_argument("--direct", help="direct mode: a folder of exported tables (benchmarks/quality/dense_quality.py --export-data)")
     ap.add_argument("--model", default="minilm", help="direct mode: the base checkpoint (alias or folder)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="direct mode: where to train and encode")
     ap.add_argument("--epochs", type=int, default=None, help="direct mode: train epochs instead of --steps")
@@ -256,7 +256,7 @@ def write_report(args, top, train_s, stands_for, dense_systems, config, where) -
     never = args.steps * args.batch_size * 2
     schedule = (f"{args.epochs} epochs" if args.direct and args.epochs else f"{args.steps} steps") + f" of {args.batch_size}"
     command = " ".join(["HF_HUB_OFFLINE=1", "nice -n 10" if not args.direct else "", ".venv/bin/python",
-                        "benchmarks/xmoco_queue_study.py", *sys.argv[1:]]).replace("  ", " ")
+                        "benchmarks/quality/xmoco_queue_study.py", *sys.argv[1:]]).replace("  ", " ")
     lines = [
         "# xMoCo queue-size study (paper 000 figure 2)",
         "",

@@ -5,8 +5,8 @@ Inputs are the pipeline's own artifacts (after `make demo`), exported to plain P
 passages, questions, gold, bm25_runs. Training uses the train split (BM25 negatives filtered by
 answer), the hybrid weight is chosen on dev, the table reports the test split.
 
-    python benchmarks/dense_quality.py --data DIR --model PATH_OR_minilm --device cuda --out DIR
-    python benchmarks/dense_quality.py --export-data DIR     # write DIR from the latest artifacts
+    python benchmarks/quality/dense_quality.py --data DIR --model PATH_OR_minilm --device cuda --out DIR
+    python benchmarks/quality/dense_quality.py --export-data DIR     # write DIR from the latest artifacts
 
 Search is exact inner product (torch matmul + topk: the same ranking as FAISS IndexFlatIP), so the
 script also runs where faiss is not installed (the GPU machines).
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import _quality_bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 from models import BiEncoder, BidirectionalSoftmaxLoss, InBatchSoftmaxLoss  # noqa: E402
 from models.checkpoints import resolve_checkpoint  # noqa: E402
 from tasks.compute.batch_encode import encode_texts  # noqa: E402
