@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,7 +43,8 @@ class Browser:
             [executable, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
              f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}",
              f"--host-resolver-rules={OFFLINE}", "--allow-file-access-from-files", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)   # Debian's wrapper script starts Chromium as its child: `close` stops them all
         self.timeout_s = timeout_s
         self._browser_url = self._wait_for_devtools()
         self._loop = asyncio.new_event_loop()
@@ -104,10 +107,14 @@ class Browser:
             time.sleep(0.2)
         return False
 
-    def screenshot(self, path: Path) -> Path:
-        data = self._call("Page.captureScreenshot", format="png")["data"]
+    def capture(self) -> bytes:
+        """What the page shows now, as PNG bytes."""
+        return base64.b64decode(self._call("Page.captureScreenshot", format="png")["data"])
+
+    def screenshot(self, path: Path, png: bytes | None = None) -> Path:
+        """Writes `png` (default: what the page shows now) to `path`."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(data))
+        path.write_bytes(self.capture() if png is None else png)
         return path
 
     def close(self) -> None:
@@ -115,12 +122,20 @@ class Browser:
             self._loop.run_until_complete(self._socket.close())
         finally:
             self._loop.close()
-            self._process.terminate()
+            self._signal(signal.SIGTERM)
             try:
                 self._process.wait(10)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                pass
+            self._signal(signal.SIGKILL)   # what is left of the browser's session (its zygote, renderers)
+            self._process.wait(10)
             self._profile.cleanup()
+
+    def _signal(self, number: int) -> None:
+        try:
+            os.killpg(self._process.pid, number)
+        except ProcessLookupError:   # nothing left in the browser's session
+            pass
 
     def __enter__(self) -> "Browser":
         return self
