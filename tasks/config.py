@@ -18,7 +18,8 @@ from tasks.negatives.stages import NegativesConfig
 from tasks.qgen.stages import QgenConfig
 from tasks.pretrain.stages import PretrainConfig, check_pretrain_config
 from tasks.rerank.stages import RerankConfig
-from tasks.silver.stages import CrossEncoderConfig, SilverConfig, looks_like_path, model_folder
+from tasks.silver.model_reference import looks_like_path, model_folder
+from tasks.silver.config import CrossEncoderConfig, SilverConfig
 from tasks.stage_refs import is_reference, parse_init_from
 from tasks.refresh.config import RefreshConfig
 from tasks.runners import RunnerConfig

@@ -7,7 +7,8 @@ from tasks.compute.encode import EncodeConfig, EncodeSettings
 from tasks.compute.origin import Origin
 from tasks.compute.score import ScoringSettings
 from tasks.dense.stages import EncodeParams
-from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams
+from tasks.silver.config import CrossEncoderConfig
+from tasks.silver.stages import CrossEncoderParams
 
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 XEON = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
@@ -104,7 +105,7 @@ def test_training_stages_plan_bf16_per_cpu_and_keep_their_versions_without_bf16_
     the versions planned before CPU bf16 training."""
     from flows.registry import plan_for
     from tasks.config import PROJECT_ROOT, load_config
-    from tasks.training.trainer import ScheduleArgs
+    from tasks.training.arguments import ScheduleArgs
 
     def trainers(plan) -> dict[str, tuple[str, str]]:
         out = {}

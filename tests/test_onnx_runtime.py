@@ -151,7 +151,8 @@ def test_the_resolved_runtime_is_hashed_where_it_changes_outputs(bf16_units):
     from tasks.compute.origin import Origin
     from tasks.compute.score import ScoringSettings
     from tasks.dense.stages import EncodeParams
-    from tasks.silver.stages import CrossEncoderConfig, CrossEncoderParams
+    from tasks.silver.config import CrossEncoderConfig
+    from tasks.silver.stages import CrossEncoderParams
 
     def encode_hash(**kw):
         settings = EncodeSettings.of(EncodeConfig(**kw))

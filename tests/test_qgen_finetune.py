@@ -8,7 +8,7 @@ import torch
 
 from tasks.qgen.finetune import GeneratorTrainArgs, finetune_generator
 from tasks.training.data import epoch_order
-from tasks.training.trainer import list_checkpoints
+from tasks.training.checkpoints import list_checkpoints
 
 PAIRS = [
     (("Paris", "Paris is the capital of France."), "what is the capital of france"),

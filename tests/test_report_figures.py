@@ -233,7 +233,7 @@ def test_each_figure_is_a_real_png(tmp_path):
 
 
 def test_the_trainers_loss_curve_is_drawn_by_the_shared_helpers(tmp_path):
-    from tasks.training.trainer import plot_loss_curve
+    from tasks.training.loss_curve import plot_loss_curve
 
     plot_loss_curve(history_record()["history"], tmp_path / "loss_curve.png")
     assert_real_png(tmp_path / "loss_curve.png")

@@ -256,7 +256,7 @@ def test_each_setting_of_the_dense_trainer_is_declared_once():
     declare a field each once (one default, one description): the pipeline's defaults are the
     trainer's. Only the lengths differ: the pipeline leaves them empty for the encode section's."""
     from tasks.training.stages import DenseTrainConfig
-    from tasks.training.trainer import ScheduleArgs
+    from tasks.training.arguments import ScheduleArgs
 
     chain = (ScheduleArgs, TrainerArgs, DenseTrainConfig)
     declared = [name for cls in chain for name in cls.__annotations__ if name in cls.model_fields]
@@ -424,7 +424,7 @@ def test_bf16_on_the_cpu_trains_under_autocast(checkpoint, tmp_path):
     ("amx_bf16 avx512_bf16", "cuda", "auto"),
 ])
 def test_bf16_auto_is_planned_on_for_cpus_with_bf16_units(cpuinfo, monkeypatch, flags, device, expected):
-    from tasks.training.trainer import use_bf16
+    from tasks.training.precision import use_bf16
 
     cpuinfo(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

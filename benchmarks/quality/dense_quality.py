@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 import _quality_bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 from models import BiEncoder, BidirectionalSoftmaxLoss, InBatchSoftmaxLoss  # noqa: E402
 from models.checkpoints import resolve_checkpoint  # noqa: E402
 from tasks.compute.batch_encode import encode_texts  # noqa: E402
@@ -33,7 +34,8 @@ from tasks.dense.hybrid import choose_weight, linear_fusion  # noqa: E402
 from tasks.evaluation.qa_metrics import first_hit_ranks, qa_accuracy_metrics  # noqa: E402
 from tasks.schemas import RUNS  # noqa: E402
 from tasks.training.examples import training_examples  # noqa: E402
-from tasks.training.trainer import TrainerArgs, train_bi_encoder  # noqa: E402
+from tasks.training.arguments import TrainerArgs  # noqa: E402
+from tasks.training.trainer import train_bi_encoder  # noqa: E402
 
 TABLES = ("passages", "questions", "gold", "bm25_runs")
 SYSTEMS = {
@@ -83,7 +85,7 @@ def encode(model, texts, side, args):
                             max_length=256 if side == "passage" else 64, autocast_bf16=args.bf16)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", type=Path)
     parser.add_argument("--export-data", type=Path)
@@ -99,7 +101,7 @@ def main() -> None:
     parser.add_argument("--limit-passages", type=int, help="smoke tests: keep gold passages plus the first N")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=Path("dense_quality_out"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.export_data:
         return export_data(args.export_data)
     t = {name: pq.read_table(args.data / f"{name}.parquet") for name in TABLES}
@@ -111,7 +113,7 @@ def main() -> None:
     pids, qids = passages.column("pid").to_pylist(), questions.column("qid").to_pylist()
     pairs = list(zip(passages.column("title").to_pylist(), passages.column("text").to_pylist()))
     text_of = dict(zip(pids, passages.column("text").to_pylist()))
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    device_name = reporting.device_name(args.device)
     base = resolve_checkpoint(args.model)
     runs, info = {"bm25": t["bm25_runs"]}, {}
     for name in args.systems.split(","):
@@ -152,17 +154,19 @@ def main() -> None:
         run = run.filter(pc.is_in(run.column("pid"), value_set=pa.array(pids)))
         m = qa_accuracy_metrics(first_hit_ranks(run.cast(RUNS), text_of, questions, "string", 100), (1, 5, 20, 100))
         metrics += [r | {"system": name} for r in m.to_pylist()]
-    lines = [f"device: {device_name}; passages {len(pids):,}; questions {len(qids):,}; seed {args.seed}", "",
-             "| system | split | top-1 | top-5 | top-20 | top-100 | MRR@10 |", "|---|---|---:|---:|---:|---:|---:|"]
+    rows = []
     for name in runs:
         for split in ("test", "dev", "all"):
             v = {(r["metric"], r["k"]): r["value"] for r in metrics if r["system"] == name and r["split"] == split}
-            lines.append(f"| {name} | {split} | " + " | ".join(f"{100 * v[('top_k_accuracy', k)]:.1f}" for k in (1, 5, 20, 100))
-                         + f" | {v[('mrr', 10)]:.3f} |")
-    report = "\n".join(lines)
+            rows.append([name, split, *(f"{100 * v[('top_k_accuracy', k)]:.1f}" for k in (1, 5, 20, 100)),
+                         f"{v[('mrr', 10)]:.3f}"])
+    report = "\n".join([
+        reporting.header("Dense retrieval quality: BM25, zero-shot, DPR, bidirectional, hybrid", __file__, argv),
+        f"device: {device_name}; passages {len(pids):,}; questions {len(qids):,}; seed {args.seed}", "",
+        reporting.markdown_table(["system", "split", "top-1", "top-5", "top-20", "top-100", "MRR@10"], rows, numeric_from=2)])
     print(report)
-    (args.out / "dense_quality.md").write_text(report + "\n\n```json\n" + json.dumps(info, indent=2) + "\n```\n")
-    (args.out / "dense_quality.json").write_text(json.dumps({"info": info, "metrics": metrics, "device": device_name}, indent=2))
+    reporting.write_report(args.out / "dense_quality.md", report + "\n\n```json\n" + json.dumps(info, indent=2) + "\n```",
+                           {"info": info, "metrics": metrics, "device": device_name})
 
 
 if __name__ == "__main__":

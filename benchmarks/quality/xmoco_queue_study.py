@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from _quality_bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -136,7 +137,8 @@ def run_direct(args, dense_systems: list[dict], stands_for: dict[int, str]) -> N
     from tasks.evaluation.qa_metrics import first_hit_ranks, qa_accuracy_metrics
     from tasks.schemas import RUNS
     from tasks.training.examples import training_examples
-    from tasks.training.trainer import TrainerArgs, train_bi_encoder
+    from tasks.training.arguments import TrainerArgs
+    from tasks.training.trainer import train_bi_encoder
 
     started = time.perf_counter()
     t = {name: pq.read_table(Path(args.direct) / f"{name}.parquet") for name in TABLES}
@@ -220,6 +222,7 @@ def main(argv=None) -> None:
                     help="direct mode, smoke tests: search only the test gold passages plus the first N")
     ap.add_argument("--deadline-min", type=float, default=None, help="direct mode: start no system after this")
     args = ap.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # for the report's command line
 
     queue_sizes = sorted(int(q) for q in args.queue_sizes.split(","))
     if queue_sizes[0] < 2 * args.batch_size:
@@ -249,19 +252,18 @@ def write_report(args, top, train_s, stands_for, dense_systems, config, where) -
     def row(label, system, note=""):
         if (system, 20) not in top:
             return None
-        cells = [f"{100 * top[(system, k)]:.1f}" for k in (1, 5, 20, 100)]
         seconds_cell = f"{train_s[system]:.0f}" if train_s.get(system) is not None else "-"
-        return f"| {label} | `{system}` | " + " | ".join(cells) + f" | {seconds_cell} | {note} |"
+        return [label, f"`{system}`", *(f"{100 * top[(system, k)]:.1f}" for k in (1, 5, 20, 100)), seconds_cell, note]
+
+    def table(first, first_align, rows):
+        return reporting.markdown_table([first, "system", "top-1", "top-5", "top-20", "top-100", "train s", "note"],
+                                        [r for r in rows if r is not None], align=first_align + "lrrrrrl")
 
     never = args.steps * args.batch_size * 2
     schedule = (f"{args.epochs} epochs" if args.direct and args.epochs else f"{args.steps} steps") + f" of {args.batch_size}"
-    command = " ".join(["HF_HUB_OFFLINE=1", "nice -n 10" if not args.direct else "", ".venv/bin/python",
-                        "benchmarks/quality/xmoco_queue_study.py", *sys.argv[1:]]).replace("  ", " ")
+    env = "HF_HUB_OFFLINE=1" + ("" if args.direct else " nice -n 10")
     lines = [
-        "# xMoCo queue-size study (paper 000 figure 2)",
-        "",
-        f"`{command}`",
-        "",
+        reporting.header("xMoCo queue-size study (paper 000 figure 2)", __file__, args.argv, env=env),
         f"Embedded default (configs/squad-open.yaml), test split (questions about articles no system trained on); "
         f"every system MiniLM with two towers, [CLS], dot product, {schedule} train-split questions, "
         f"lr {args.lr:g}, seed 42, last step kept (no selection on any split). xmoco: paper defaults (momentum 0.001, "
@@ -270,32 +272,31 @@ def write_report(args, top, train_s, stands_for, dense_systems, config, where) -
         "",
         "## Queue size (with one hard negative per question)",
         "",
-        "| queue size | system | top-1 | top-5 | top-20 | top-100 | train s | note |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
+    by_size = []
     for q in queue_sizes:
         note = "2 x batch: in-batch negatives" if q == 2 * args.batch_size else ""
         if q >= never and not (args.direct and args.epochs):
             note = f"never evicts in {args.steps} steps ({never} passage vectors): same run as every size >= {never}"
-        lines.append(row(str(q), stands_for[q], note))
+        by_size.append(row(str(q), stands_for[q], note))
+    lines.append(table("queue size", "r", by_size))
     lines += [
         "",
         "## xMoCo against DPR at equal steps",
         "",
-        "| hard negatives | system | top-1 | top-5 | top-20 | top-100 | train s | note |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-        row("1 BM25", largest, f"queue {queue_sizes[-1]}"),
-        row("1 BM25", "dpr", "in-batch + the hard negatives"),
-        row("none", f"xmoco-q{queue_sizes[-1]}-in-batch", f"queue {queue_sizes[-1]}"),
-        row("none", "dpr-in-batch", "in-batch only"),
-        row("-", "bm25", "for reference"),
+        table("hard negatives", "l", [
+            row("1 BM25", largest, f"queue {queue_sizes[-1]}"),
+            row("1 BM25", "dpr", "in-batch + the hard negatives"),
+            row("none", f"xmoco-q{queue_sizes[-1]}-in-batch", f"queue {queue_sizes[-1]}"),
+            row("none", "dpr-in-batch", "in-batch only"),
+            row("-", "bm25", "for reference"),
+        ]),
     ]
     if config:
         lines += ["", "Generated config:", "", "```yaml", config.rstrip(), "```"]
-    lines = [line for line in lines if line is not None]
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwritten: {args.out}")
+    text = "\n".join(lines)
+    print(text)
+    print(f"\nwritten: {reporting.write_report(Path(args.out), text)}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from storage import Artifact
 from tasks.compute.device import resolve_device
 from tasks.engine import Stage, StageParams
 from tasks.stage_refs import parse_init_from
-from tasks.training.trainer import TrainerArgs
+from tasks.training.arguments import TrainerArgs
 
 logger = logging.getLogger("passage_forge")
 

@@ -21,8 +21,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from tasks.training.arguments import ScheduleArgs
+from tasks.training.checkpoints import CHECKPOINTS, list_checkpoints
 from tasks.training.data import ShuffledBatches
-from tasks.training.trainer import CHECKPOINTS, ScheduleArgs, bf16_autocast, list_checkpoints, run_training, use_bf16
+from tasks.training.precision import bf16_autocast, use_bf16
+from tasks.training.trainer import run_training
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from tasks.training.arguments import ScheduleArgs
 from tasks.training.data import ShuffledBatches  # the classifier's sampler (full batches only)
-from tasks.training.trainer import ScheduleArgs
 
 Pair = tuple[str, str]
 

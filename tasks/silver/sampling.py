@@ -8,6 +8,7 @@ import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import pyarrow as pa
 
@@ -28,6 +29,14 @@ def held_out(qid: str, share: float, seed: int) -> bool:
     training data held out); a hash of (seed, qid), so it does not depend on the other questions."""
     digest = hashlib.sha256(f"{seed}:{qid}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+def sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
+    """At most `limit` rows of `questions`, a seeded sample in their order."""
+    if limit is None or questions.num_rows <= limit:
+        return questions
+    rows = sorted(random.Random(seed).sample(range(questions.num_rows), limit))
+    return questions.take(rows)
 
 
 def _top(runs: pa.Table | None, depth: int) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""Silver family (paper 001): the `cross_encoder:` and `silver:` config sections and their stages.
+"""Silver family (paper 001): the stages of the `cross_encoder:` and `silver:` config sections
+(declared in tasks/silver/config.py; tasks/config.py imports them from here).
 
 - `cross_encoder` trains the cross-attention classifier on the train split's gold pairs with 1:1:1
   negatives (BM25 top-10, dense top-10, the gold document; section 4.1), holds 10% of the
@@ -7,7 +8,9 @@
 - `pairs:silver` scores a retriever's top-K for the train questions and the synthetic queries
   and keeps p >= 0.5 as silver pairs of weight p^2 (sections 4.2, 4.3), sharded and resumable.
 Trained systems use them with `pairs: [gold, silver]` and `loss: weighted`; rerankers
-(tasks/rerank) and the negatives' false-negative filter use the classifier too.
+(tasks/rerank) and the negatives' false-negative filter use the classifier too. The work is in the
+library modules beside this one: the classifier's pairs (sampling.py), training (classifier.py) and
+report (report.py), `cross_encoder.model` references (model_reference.py), labelling (labelling.py).
 """
 from __future__ import annotations
 
@@ -15,79 +18,25 @@ import logging
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
 
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.compute.device import resolve_device
 from tasks.compute.encode import EncodeSettings
-from tasks.compute.origin import Origin, folder_hash, origin_of
-from tasks.compute.score import SCORING_SAMPLE, ScoreJob, ScoringSettings, cross_encoder_on, scoring_agreement
+from tasks.compute.origin import Origin, origin_of
+from tasks.compute.score import SCORING_SAMPLE, ScoreJob, ScoringSettings, scoring_agreement
 from tasks.compute.search import search_texts
 from tasks.engine import Stage, StageParams
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
-from tasks.silver.classifier import ClassifierTrainArgs
+from tasks.silver.config import CrossEncoderConfig, SilverConfig
+from tasks.silver.model_reference import classifier_reference
 
 logger = logging.getLogger("passage_forge")
 
-
-class CrossEncoderConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    base: str = Field("minilm", description="base encoder: minilm, mpnet, a hub name or a folder (a fresh one-logit head)")
-    # Issue 25: a corpus without questions borrows a classifier trained elsewhere as its teacher.
-    model: Optional[str] = Field(None, description=(
-        "use a trained classifier instead of training one: 'other.yaml:cross_encoder' (pinned to the version that "
-        "config builds), 'cross_encoder:VERSION', a folder, or a hub name of a one-logit cross-encoder; with "
-        "queries: synthetic, the classifier fine-tuning starts from"))
-    # Issue 25: a teacher for a corpus without questions can learn from the questions written for it.
-    queries: Literal["gold", "synthetic"] = Field("gold", description=(
-        "what trains it: the split's gold questions (paper 001), or the generated queries (pairs:synthetic: a "
-        "query's own passage is its positive, negatives from BM25's top `depth` and its document, 1:1)"))
-    train: ClassifierTrainArgs = Field(default_factory=ClassifierTrainArgs)
-    split: str = Field("train", description="the split whose gold pairs train it")
-    # Paper 001 section 4.1: negatives from the BM25 top 10 and the dense top 10.
-    depth: int = Field(10, ge=1, description="negatives come from each retriever's top `depth`")
-    dense_system: Optional[str] = Field(None, description="the dense system whose run gives the dense negatives "
-                                                          "(empty: BM25 and document negatives only, 1:1)")
-    # Paper 001 section 5.1: hyper-parameters set on 10% of the training data held out.
-    dev_share: float = Field(0.1, gt=0, lt=1, description="share of the split's questions held out as the classifier's dev")
-    max_questions: Optional[int] = Field(None, ge=1, description="train on at most this many questions (seeded sample)")
-    # Log loss and AUC are reported at every evaluation; a calibrated base-rate model wins on
-    # log loss while ranking nothing, so AUC picks the checkpoint by default.
-    select_by: Literal["auc", "log_loss"] = Field("auc", description="the dev metric that picks the checkpoint")
-    report_split: str = Field("test", description="questions whose pairs (built the same way) the report scores")
-    report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
-    batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
-    device: str = Field("auto", description="auto, cpu or cuda")
-    runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
-        "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference), onnx "
-                            "(ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); auto: openvino at bf16 "
-                            "where the CPU has bf16 units, torch elsewhere (measured in docs/benchmarks.md, "
-                            "'CPU runtimes')")
-    int8: bool = Field(False, description="CPU only: score with int8 weights (torch dynamic int8 or ORT int8)")
-    bf16: Union[bool, Literal["auto"]] = Field(
-        "auto", description="CPU scoring in bf16 (torch's autocast; OpenVINO's precision hint); auto: on where the "
-                            "CPU has bf16 units (AMX or avx512_bf16) without int8 or onnx, off elsewhere. CUDA "
-                            "scoring autocasts to bf16 whatever this says")
-    seed: int = 13
-
-
-class SilverConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    queries: list[Literal["train", "synthetic"]] = Field(
-        default_factory=lambda: ["train", "synthetic"], min_length=1,
-        description="question sets labelled: the train split's questions, the generated queries (needs qgen:)")
-    retriever: str = Field("bm25", description="candidates' source: bm25 or a dense system's name")
-    top_k: int = Field(10, ge=1, description="candidates per query")
-    # Paper 001 section 5.1: "we only keep candidate pairs with ... scores >= 0.5".
-    threshold: float = Field(0.5, ge=0, le=1, description="keep a candidate with p >= threshold")
-    max_queries: Optional[int] = Field(None, ge=1, description="label at most this many queries per set (seeded sample)")
-    shard_size: int = Field(2000, ge=1, description="candidate pairs per resumable shard")
-    seed: int = 13
 
 
 class CrossEncoderParams(StageParams):
@@ -109,21 +58,13 @@ class CrossEncoderParams(StageParams):
     ADDED = {"start": None, "start_folder": None, "bm25_k1": None, "bm25_b": None, "config.queries": "gold"}
 
 
-def _sample_questions(questions: pa.Table, limit: Optional[int], seed: int) -> pa.Table:
-    if limit is None or questions.num_rows <= limit:
-        return questions
-    import random
-
-    rows = sorted(random.Random(seed).sample(range(questions.num_rows), limit))
-    return questions.take(rows)
-
-
 def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact], out: Path,
                         work: Optional[Path] = None) -> dict:
     from models.cross_encoder import CrossEncoderModel
     from tasks.silver.classifier import DevClassification, train_classifier
+    from tasks.silver.report import report_rows
+    from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, sample_questions, source_counts
     from tasks.training.resumable import keep_record, training_dir
-    from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, source_counts
 
     c, device = params.config, resolve_device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
@@ -134,7 +75,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     dense = inputs[f"search:{c.dense_system}"].read_table() if c.dense_system else None
 
     def pairs_of(split: str, limit: Optional[int]):
-        qs = _sample_questions(questions.filter(pc.equal(questions.column("split"), split)), limit, c.seed)
+        qs = sample_questions(questions.filter(pc.equal(questions.column("split"), split)), limit, c.seed)
         return classifier_pairs(qs, gold, passages, bm25, dense, depth=c.depth, seed=c.seed, match_type=params.match_type)
 
     trained_on = _synthetic_classifier_pairs(params, inputs, passages) if c.queries == "synthetic" \
@@ -157,7 +98,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     model.save_pretrained(out / "model")
 
     report_pairs = pairs_of(c.report_split, c.report_max_questions)
-    report, threshold = _report(model, dev, report_pairs, text_of, inputs, params, device)
+    report, threshold = report_rows(model, c.base, dev, report_pairs, text_of, params.batch_size, device)
     write_table(out, pa.Table.from_pylist(report), name="classification_report")
     for copy in ("best", "final", "checkpoints"):  # model/ holds the chosen weights; history and curve stay
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
@@ -229,34 +170,6 @@ def trained_cross_encoder_stage(cfg) -> Stage:
                  pinned=pinned, resumable=True)
 
 
-def classifier_reference(reference: str, cfg_dir: Optional[Path]) -> tuple[Optional[str], Optional[str], Optional[str]]:
-    """`cross_encoder.model` resolved: (artifact version, None, None) for `cross_encoder:VERSION`,
-    (None, absolute folder, its digest) for a folder, (None, None, None) for a hub name; a path
-    that is no folder fails, naming it."""
-    from tasks.errors import InputError
-    from tasks.stage_refs import pinned_version
-
-    version = pinned_version(reference, "cross_encoder")
-    if version is not None:
-        return version, None, None
-    path = model_folder(reference, cfg_dir)
-    if path.is_dir():
-        return None, str(path.resolve()), folder_hash(path)
-    if looks_like_path(reference):
-        raise InputError(path, "cross_encoder.model", "no such model folder")
-    return None, None, None
-
-
-def model_folder(reference: str, cfg_dir: Optional[Path]) -> Path:
-    """A folder reference as a path: absolute, or relative to the config's folder."""
-    path = Path(reference).expanduser()
-    return path if path.is_absolute() else (cfg_dir or Path.cwd()) / path
-
-
-def looks_like_path(reference: str) -> bool:
-    return reference.startswith((".", "/", "~"))
-
-
 def imported_cross_encoder_stage(c: CrossEncoderConfig, cfg_dir: Optional[Path]) -> Stage:
     """The cross_encoder stage of a config that names `cross_encoder.model`."""
     from tasks.engine import Pinned
@@ -286,55 +199,16 @@ def _synthetic_classifier_pairs(params: CrossEncoderParams, inputs: dict[str, Ar
     positive; BM25's top `depth` (searched here) and the passage's document give the negatives."""
     from tasks.bm25.search import bm25_search
     from tasks.qgen.as_questions import synthetic_queries_as_questions
-    from tasks.silver.sampling import classifier_pairs
+    from tasks.silver.sampling import classifier_pairs, sample_questions
 
     c = params.config
     queries = synthetic_queries_as_questions(inputs["pairs:synthetic"].read_table(columns=["qid", "query", "pid"]))
-    queries = _sample_questions(queries, c.max_questions, c.seed)
+    queries = sample_questions(queries, c.max_questions, c.seed)
     items = list(zip(queries.column("qid").to_pylist(), queries.column("question").to_pylist()))
     runs = bm25_search(inputs["bm25_index"].subdir("index"), items, k=c.depth, k1=params.bm25_k1, b=params.bm25_b,
                        system="bm25")
     own = queries.select(["qid", "pid"])
     return classifier_pairs(queries, own, passages, runs, None, depth=c.depth, seed=c.seed, match_type=params.match_type)
-
-
-def _report(model, dev, report_pairs, text_of, inputs, params: CrossEncoderParams, device):
-    """Table 2 rows on the report split's pairs; the dual encoder (the zero-shot base the dense
-    negatives came from, else the classifier's base as a bi-encoder) gets its cosine threshold
-    tuned on the classifier's dev pairs."""
-    import numpy as np
-
-    from tasks.silver.classifier import best_threshold, classification_report
-    from tasks.silver.sampling import as_text_pairs
-
-    labels = [p.label for p in report_pairs]
-    p = model.score(as_text_pairs(report_pairs, text_of), batch_size=params.batch_size, device=device)
-    dual = _dual_encoder_scorer(params.config.base, device)
-    dev_scores = dual(dev, text_of)
-    threshold = best_threshold([x.label for x in dev], dev_scores)
-    rows = classification_report(labels, p, dual(report_pairs, text_of), threshold)
-    return [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()} for r in rows], threshold
-
-
-def _dual_encoder_scorer(base: str, device):
-    """Cosine of the base checkpoint as a (mean-pooled, normalised) dual encoder: the paper's
-    'BERT dual encoder without mined examples' baseline."""
-    import numpy as np
-
-    from tasks.compute.bi_encoder import encode_side, load_bi_encoder
-
-    model = load_bi_encoder({"base": base, "shared": True, "pooling": "mean", "projection_dim": None,
-                             "normalize": True, "scale": 1.0})
-    model.to(device).eval()
-
-    def score(pairs, text_of):
-        questions = sorted({p.question for p in pairs})
-        pids = sorted({p.pid for p in pairs})
-        common = dict(batch_size=64, passage_max_len=256, query_max_len=64, device=str(device))
-        qv = dict(zip(questions, encode_side(model, questions, "query", **common)))
-        pv = dict(zip(pids, encode_side(model, [(None, text_of[x]) for x in pids], "passage", **common)))
-        return np.array([float(np.dot(qv[p.question], pv[p.pid])) for p in pairs])
-    return score
 
 
 class SilverParams(StageParams):
@@ -352,15 +226,6 @@ class SilverParams(StageParams):
     runner: RunnerConfig = LOCAL
 
 
-def _sample(queries: dict[str, str], limit: Optional[int], seed: int) -> dict[str, str]:
-    if limit is None or len(queries) <= limit:
-        return queries
-    import random
-
-    keep = set(random.Random(seed).sample(sorted(queries), limit))
-    return {q: t for q, t in queries.items() if q in keep}
-
-
 def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: dict[str, str]) -> pa.Table:
     """The retriever's top-K for the synthetic queries (they have no run of their own)."""
     items = sorted(queries.items())
@@ -376,26 +241,13 @@ def _synthetic_runs(params: SilverParams, inputs: dict[str, Artifact], queries: 
     return runs
 
 
-def _score_shard(job: ScoreJob, spec: tuple[int, list, dict]):
-    """Shard i's candidates scored, with the texts of their passages (the shard carries them)."""
-    from tasks.progress import progress_logger
-    from tasks.silver.labelling import SCORED, score_candidates
-
-    i, shard, text_of = spec
-    if not shard:
-        return SCORED.empty_table()
-    device = job.scoring.device(job.device)
-    return score_candidates(cross_encoder_on(job.model, device, job.scoring), shard, text_of, job.batch_size, device,
-                            bf16=job.scoring.autocast_bf16(device), progress=progress_logger(f"{job.label}: shard {i + 1}/{job.n_shards}: pairs"))
-
-
 def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     """Score the candidates shard by shard (a killed build resumes at its first missing shard),
     then keep p >= threshold as silver pairs of weight p^2."""
     import pyarrow.parquet as pq
 
-    from tasks.silver.labelling import (SCORED, added_share, candidates_from_runs, keep_silver, probability_histogram,
-                                        silver_training_pairs)
+    from tasks.silver.labelling import (SCORED, candidates_from_runs, first_per_query, keep_silver, sample_queries,
+                                        score_shard, silver_training_pairs, source_summary)
 
     c = params.config
     gold = inputs["pairs:gold"].read_table(columns=["qid", "pid", "split"])
@@ -405,23 +257,18 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     if "train" in c.queries:
         q = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "split"])
         q = q.filter(pc.equal(q.column("split"), "train"))
-        questions = _sample(dict(zip(q.column("qid").to_pylist(), q.column("question").to_pylist())), c.max_queries, c.seed)
+        questions = sample_queries(dict(zip(q.column("qid").to_pylist(), q.column("question").to_pylist())), c.max_queries, c.seed)
         candidates += candidates_from_runs(inputs[params.retriever_runs].read_table(), questions, "train", c.top_k, known)
         queries_of.update(questions)
     synthetic_gold = 0
     if "synthetic" in c.queries:
         own = inputs["pairs:synthetic"].read_table(columns=["qid", "query", "pid"])
-        synthetic = _sample(dict(zip(own.column("qid").to_pylist(), own.column("query").to_pylist())), c.max_queries, c.seed)
+        synthetic = sample_queries(dict(zip(own.column("qid").to_pylist(), own.column("query").to_pylist())), c.max_queries, c.seed)
         own_pairs = set(zip(own.column("qid").to_pylist(), own.column("pid").to_pylist()))
         synthetic_gold = len(own_pairs)
         runs = _synthetic_runs(params, inputs, synthetic)
         found = candidates_from_runs(runs, synthetic, "synthetic", c.top_k + 1, own_pairs)
-        # top-K after dropping the query's own passage
-        by_query: dict[str, int] = {}
-        for cand in found:
-            by_query[cand.qid] = by_query.get(cand.qid, 0) + 1
-            if by_query[cand.qid] <= c.top_k:
-                candidates.append(cand)
+        candidates += first_per_query(found, c.top_k)  # top-K after dropping the query's own passage
         queries_of.update(synthetic)
 
     passages = inputs["chunk"].read_table(columns=["pid", "text"])
@@ -437,7 +284,7 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     def report(i: int, reused: bool) -> None:
         logger.info("silver: shard %d/%d %s", i + 1, n_shards, "reused (resumed build)" if reused else "scored")
 
-    files = run_shards(params.runner, work, specs, partial(_score_shard, job), report, label="silver")
+    files = run_shards(params.runner, work, specs, partial(score_shard, job), report, label="silver")
     scored = pa.concat_tables([pq.read_table(f, schema=SCORED) for f in files])
     silver = keep_silver(scored, c.threshold)
     head = scored.slice(0, SCORING_SAMPLE)
@@ -447,16 +294,8 @@ def build_silver_pairs(params: SilverParams, inputs: dict[str, Artifact], out: P
     write_table(out, silver_training_pairs(silver, queries_of))
     write_table(out, silver, name="silver_pairs")
     write_table(out, scored, name="scored_candidates")
-    by_source = {}
-    for source, gold_count in (("train", train_gold), ("synthetic", synthetic_gold)):
-        if source not in c.queries:
-            continue
-        kept = silver.filter(pc.equal(silver.column("source"), source))
-        seen = scored.filter(pc.equal(scored.column("source"), source))
-        by_source[source] = {"queries": len(set(seen.column("qid").to_pylist())), "candidates": seen.num_rows,
-                             "silver": kept.num_rows, "gold_pairs": gold_count,
-                             "added_vs_gold": added_share(kept, gold_count),
-                             "p_histogram": probability_histogram(seen.column("p").to_numpy())}
+    by_source = {source: source_summary(scored, silver, source, gold_count)
+                 for source, gold_count in (("train", train_gold), ("synthetic", synthetic_gold)) if source in c.queries}
     logger.info("silver: %d of %d candidates kept (p >= %.2f)", silver.num_rows, scored.num_rows, c.threshold)
     return {"stats": {"candidates": scored.num_rows, "silver": silver.num_rows, "threshold": c.threshold,
                       "retriever": c.retriever, "top_k": c.top_k, "shards": n_shards, "by_source": by_source,

@@ -16,7 +16,7 @@ from tasks.compute.device import resolve_device
 from tasks.compute.encode import EncodeSettings
 from tasks.compute.origin import Origin, origin_of
 from tasks.engine import Stage, StageParams
-from tasks.training.trainer import TrainerArgs
+from tasks.training.arguments import TrainerArgs
 
 logger = logging.getLogger("passage_forge")
 

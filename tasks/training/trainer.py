@@ -8,39 +8,39 @@ model, the loss module's own parameters and buffers, optimizer, scheduler, sampl
 collator RNG, python/numpy/torch RNG states and the history; a run started on an out_dir that holds
 checkpoints resumes from the latest one. Callbacks (tasks/training/callbacks.py) own any other
 state they keep. Under torchrun the same loop trains data-parallel (tasks/training/distributed.py).
+Beside it: the settings (arguments.py), the checkpoint folders (checkpoints.py), the RNG states
+(rng.py), bf16 autocast (precision.py) and the loss curve (loss_curve.py).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
-import random
-import re
 import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from storage.atomic import TMP_DIR_PREFIX, atomic_dir
+from storage.atomic import atomic_dir
 from tasks.compute.device import resolve_device
 from tasks.progress import report
 
+from .arguments import ScheduleArgs, TrainerArgs
 from .callbacks import TrainerCallback
+from .checkpoints import (LOSS_STATE_NAME, STATE_NAME, latest_checkpoint, remove_interrupted_saves,
+                          write_checkpoint)
 from .data import Batch, Collator, TeacherBatch, TrainExample, UniqueBatchSampler
 from .distributed import Ranks, process_group
+from .loss_curve import plot_loss_curve
+from .precision import bf16_autocast, use_bf16
+from .rng import rng_states, seed_everything, set_rng_states
 
 log = logging.getLogger(__name__)
-
-CHECKPOINTS = "checkpoints"
-_STEP_DIR = re.compile(r"^step-(\d{7,})$")
-STATE_NAME = "trainer_state.pt"
-LOSS_STATE_NAME = "loss.pt"  # the loss module's own parameters and buffers (not the model's)
 
 
 class Evaluator(Protocol):
@@ -54,47 +54,6 @@ class Evaluator(Protocol):
     def __call__(self, model: nn.Module) -> Mapping[str, float]: ...
 
 
-class ScheduleArgs(BaseModel):
-    """The optimisation schedule any of the project's trainers runs (AdamW, warm-up then linear
-    decay, clipping, bf16 autocast, checkpoints, dev evaluations); a pydantic model, so it validates
-    and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults; the
-    batch size is one of their own, since what a batch holds (questions, pairs, passages) is theirs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(2e-5, gt=0, description="peak learning rate (AdamW)")
-    epochs: int = Field(1, ge=1, description="passes over the examples (ignored when max_steps is given)")
-    max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
-    warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (none on biases and LayerNorm)")
-    max_grad_norm: Optional[float] = Field(2.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
-    seed: int = Field(42, description="seeds the example order, the draws and the initial RNG state")
-    bf16: Literal["auto", "on", "off"] = Field(
-        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support and for CPUs with bf16 units "
-                            "(AMX, avx512_bf16), off otherwise (true/false: on/off); planning resolves 'auto' to 'on' "
-                            "on such a CPU, so the version says the model trained in bf16")
-    checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
-    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations; one at the end always")
-    keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
-
-    @field_validator("bf16", mode="before")
-    @classmethod
-    def _bf16_from_bool(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        return value
-
-    def resolved_for(self, device: str) -> "ScheduleArgs":
-        """These settings as planned for `device` ('auto', 'cpu', 'cuda'): 'auto' becomes 'on' on a
-        CPU with bf16 units (hashed: the version names a bf16-trained model), and stays 'auto'
-        elsewhere, so versions planned before CPU bf16 training keep their hash."""
-        from models.cpu_features import bf16_wanted
-
-        if self.bf16 == "auto" and torch.device(resolve_device(device)).type == "cpu" and bf16_wanted("auto", "cpu"):
-            return self.model_copy(update={"bf16": "on"})
-        return self
-
-
 def optimizer_and_schedule(args: ScheduleArgs, model: nn.Module, extra: nn.Module | None, steps_per_epoch: int):
     """(total steps, AdamW without decay on biases and LayerNorm, linear warm-up then decay to 0)
     for `args` over the parameters of `model` and `extra` (each shared parameter once)."""
@@ -106,62 +65,7 @@ def optimizer_and_schedule(args: ScheduleArgs, model: nn.Module, extra: nn.Modul
     return total_steps, optimizer, scheduler
 
 
-class TrainerArgs(ScheduleArgs):
-    """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
-    fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
-
-    batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
-    hard_negatives: int = Field(2, ge=0, description="N: hard negatives per question per step (paper 003 section 5.3: 2)")
-    query_max_len: int = Field(32, ge=1, description="query tokens")
-    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
-    eval_at_start: bool = Field(True, description="with an evaluator: the untrained model is a candidate too (step 0 "
-                                                  "wins if training hurts)")
-
-
 # -- helpers ------------------------------------------------------------------------------------
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_states() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_states(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def use_bf16(flag: str | bool, device: torch.device) -> bool:
-    """TrainerArgs.bf16 ('auto', 'on', 'off'; True/False too) -> whether to autocast to bf16 on
-    `device`: CUDA and the CPU autocast alike (models/cpu_features.py says where it is fast)."""
-    from models.cpu_features import bf16_wanted, has_bf16_units
-
-    if device.type not in ("cuda", "cpu"):
-        if flag in ("on", True):
-            warnings.warn(f"bf16 autocast is for CUDA and CPUs; training in fp32 on {device.type}")
-        return False
-    on = bf16_wanted(flag, device.type)
-    if on and flag != "auto" and device.type == "cpu" and not has_bf16_units():
-        warnings.warn("bf16 on a CPU without bf16 units (AMX, avx512_bf16) is emulated: slower than fp32")
-    return on
-
-
-def bf16_autocast(device: torch.device) -> Callable[[], Any]:
-    """A factory of the training step's bf16 autocast context on `device` (CUDA or CPU)."""
-    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
 
 def parameter_groups(model: nn.Module, extra: nn.Module | None, weight_decay: float) -> list[dict]:
     """AdamW groups: no decay on biases and LayerNorm (any 1-D tensor)."""
@@ -178,23 +82,6 @@ def parameter_groups(model: nn.Module, extra: nn.Module | None, weight_decay: fl
             else:
                 decay.append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
-    root = Path(out_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = []
-    for d in root.iterdir():
-        m = _STEP_DIR.match(d.name)
-        if m and d.is_dir() and (d / STATE_NAME).is_file():
-            found.append((int(m.group(1)), d))
-    return sorted(found)
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    found = list_checkpoints(out_dir)
-    return found[-1][1] if found else None
 
 
 def _wants_weights(loss_fn: nn.Module) -> bool:
@@ -242,19 +129,6 @@ def _enable_gradient_checkpointing(model: nn.Module) -> None:
             enabled = True
     if not enabled:
         warnings.warn("gradient_checkpointing=True but no tower supports gradient_checkpointing_enable()")
-
-
-def plot_loss_curve(history: Sequence[dict], path: Path) -> None:
-    from tasks.evaluation.figures import draw_loss, new_figure, save_figure  # the report's training curves share these
-
-    fig, ax = new_figure(7, 4)
-    steps = [h["step"] for h in history]
-    draw_loss(ax, steps, [h["loss"] for h in history])
-    ax2 = ax.twinx()
-    ax2.plot(steps, [h["lr"] for h in history], label="lr", color="tab:orange", alpha=0.6)
-    ax2.set_ylabel("learning rate")
-    ax.set_title("training loss")
-    save_figure(fig, path)
 
 
 # -- the trainer --------------------------------------------------------------------------------
@@ -419,9 +293,8 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         resumed_from = str(ckpt)
         if ranks.main:
             log.info("resuming from %s (step %d)", ckpt, step)
-    # stale temporary folders of an interrupted save
-    for stale in (out_dir / CHECKPOINTS).glob(f"{TMP_DIR_PREFIX}*") if ranks.main and (out_dir / CHECKPOINTS).is_dir() else []:
-        shutil.rmtree(stale, ignore_errors=True)
+    if ranks.main:
+        remove_interrupted_saves(out_dir)
 
     # DDP under torchrun (every rank starts from rank 0's weights), else loss_fn itself
     forward = ranks.wrap(loss_fn)
@@ -439,9 +312,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
                 "best_metric": best_metric, "total_steps": total_steps, "args": args.model_dump(),
             }, tmp / STATE_NAME)
 
-        atomic_dir(out_dir / CHECKPOINTS / f"step-{step:07d}", write)
-        for _, old in list_checkpoints(out_dir)[: -max(1, args.keep_checkpoints)]:
-            shutil.rmtree(old, ignore_errors=True)
+        write_checkpoint(out_dir, step, write, args.keep_checkpoints)
 
     def evaluate() -> None:
         nonlocal best_step, best_metric

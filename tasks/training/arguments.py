@@ -1,0 +1,65 @@
+"""The trainers' settings: the optimisation schedule every trainer of the project runs
+(ScheduleArgs) and the bi-encoder trainer's own settings (TrainerArgs). Pydantic models, so they
+validate and render as Prefect UI forms."""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tasks.compute.device import resolve_device
+
+
+class ScheduleArgs(BaseModel):
+    """The optimisation schedule any of the project's trainers runs (AdamW, warm-up then linear
+    decay, clipping, bf16 autocast, checkpoints, dev evaluations); a pydantic model, so it validates
+    and renders as a Prefect UI form. Trainers subclass it with their own fields and defaults; the
+    batch size is one of their own, since what a batch holds (questions, pairs, passages) is theirs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(2e-5, gt=0, description="peak learning rate (AdamW)")
+    epochs: int = Field(1, ge=1, description="passes over the examples (ignored when max_steps is given)")
+    max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps; overrides epochs when given")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear warm-up, then linear decay to 0")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (none on biases and LayerNorm)")
+    max_grad_norm: Optional[float] = Field(2.0, ge=0, description="gradient clipping norm; empty or 0: no clipping")
+    seed: int = Field(42, description="seeds the example order, the draws and the initial RNG state")
+    bf16: Literal["auto", "on", "off"] = Field(
+        "auto", description="bf16 autocast: 'auto' is on for CUDA with bf16 support and for CPUs with bf16 units "
+                            "(AMX, avx512_bf16), off otherwise (true/false: on/off); planning resolves 'auto' to 'on' "
+                            "on such a CPU, so the version says the model trained in bf16")
+    checkpoint_every: Optional[int] = Field(None, ge=1, description="steps between resumable checkpoints; empty: none")
+    eval_every: Optional[int] = Field(None, ge=1, description="steps between dev evaluations; one at the end always")
+    keep_checkpoints: int = Field(2, ge=1, description="resumable checkpoints kept (the latest ones)")
+
+    @field_validator("bf16", mode="before")
+    @classmethod
+    def _bf16_from_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
+    def resolved_for(self, device: str) -> "ScheduleArgs":
+        """These settings as planned for `device` ('auto', 'cpu', 'cuda'): 'auto' becomes 'on' on a
+        CPU with bf16 units (hashed: the version names a bf16-trained model), and stays 'auto'
+        elsewhere, so versions planned before CPU bf16 training keep their hash."""
+        from models.cpu_features import bf16_wanted
+
+        if self.bf16 == "auto" and torch.device(resolve_device(device)).type == "cpu" and bf16_wanted("auto", "cpu"):
+            return self.model_copy(update={"bf16": "on"})
+        return self
+
+
+class TrainerArgs(ScheduleArgs):
+    """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
+    fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
+
+    batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
+    hard_negatives: int = Field(2, ge=0, description="N: hard negatives per question per step (paper 003 section 5.3: 2)")
+    query_max_len: int = Field(32, ge=1, description="query tokens")
+    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
+    eval_at_start: bool = Field(True, description="with an evaluator: the untrained model is a candidate too (step 0 "
+                                                  "wins if training hurts)")
