@@ -24,7 +24,6 @@ JVM start is timed once and reported beside (never inside) the search times.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -36,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _shared import load_has_answer, squad_articles  # noqa: E402
 
@@ -213,7 +213,8 @@ def main(argv=None) -> dict:
         "lucene_index_stats": systems["lucene"].stats,
     }
 
-    print(f"\nBM25 throughput: {out['passages']:,} passages, {n_q:,} questions, "
+    print("\n" + reporting.header("BM25 throughput: Lucene vs bm25s", __file__, argv))
+    print(f"BM25 throughput: {out['passages']:,} passages, {n_q:,} questions, "
           f"top-{args.k}, {args.threads} threads, k1={K1} b={B} ({source}); os.cpu_count() {os.cpu_count()}")
     print(timing.protocol_line(args.repeat, list(systems)))
     print(f"answer check: {has_answer_src}\n")
@@ -224,7 +225,7 @@ def main(argv=None) -> dict:
                      f"{r['first_index_s']:.2f} s, {r['first_search_qps']:,.0f} q/s", jvm, f"{r[acc]:.4f}"])
     rows.append(["ratio lucene / bm25s", timing.fmt_ratio(build_ratio) + " (time)",
                  timing.fmt_ratio(qps_ratio) + " (q/s)", "no ratio: not peers", "", ""])
-    print(timing.markdown_table(["system", "index build s median (range)", "q/s median (range)",
+    print(reporting.markdown_table(["system", "index build s median (range)", "q/s median (range)",
                                  "first build, first search (one run each)", "JVM start s", acc], rows))
     print("\nfirst build / first search: the first in the process, untimed warm-ups measured once per system "
           "and not compared: Lucene's include the JVM JIT's warm-up, bm25s (numpy) has none.")
@@ -233,8 +234,7 @@ def main(argv=None) -> dict:
     parts = systems["lucene"].parts[-1]
     print("lucene last search split: " + ", ".join(f"{k} {v:.3f}s" for k, v in parts.items()))
     if args.out:
-        args.out.write_text(json.dumps(out, indent=2, default=str))
-        print(f"\nwrote {args.out}")
+        print(f"\nwrote {reporting.write_json(args.out, out)}")
     return out
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from tasks.chunking import chunk_documents  # noqa: E402
 
@@ -57,11 +58,12 @@ def main(argv=None) -> dict:
 
     seconds, _ = timing.alternate({name: passes(fn) for name, fn in chunkers.items()}, args.repeat)
     summaries = {name: timing.summarize(timing.rates(megabytes * args.passes, s)) for name, s in seconds.items()}
+    print(reporting.header("Chunking throughput: ours vs a naive split/join", __file__, argv))
     print(f"{len(docs):,} documents, {megabytes:.1f} MB of text, {args.passes} pass(es) per repeat; "
           + timing.protocol_line(args.repeat, ["ours", "peer"]))
     rows = [[name, f"{counts[name]:,}", f"{statistics.median(seconds[name]):.3f}", rate, ratio]
             for name, rate, ratio in timing.comparison_rows(summaries, reference="naive split/join (peer)")]
-    print(timing.markdown_table(["chunker", "passages", "median s", "MB/s median (range)", "ratio vs peer (range)"], rows))
+    print(reporting.markdown_table(["chunker", "passages", "median s", "MB/s median (range)", "ratio vs peer (range)"], rows))
     print("per-repeat seconds: " + "; ".join(f"{k} " + ", ".join(f"{x:.3f}" for x in v) for k, v in seconds.items()))
     return {"megabytes": megabytes, "seconds": seconds, "passages": counts}
 

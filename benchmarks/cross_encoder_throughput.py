@@ -21,9 +21,7 @@ aim: identical to 1e-5). --bf16 adds ours under bf16 autocast (CUDA), with its o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import tempfile
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,7 +52,7 @@ def squad_pairs(path: Path, n: int, seed: int = 0) -> list[tuple[str, str]]:
     return pairs[:n]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     from sentence_transformers import CrossEncoder
 
     from models.cross_encoder import CrossEncoderModel
@@ -69,7 +68,7 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--out", default=None)
     timing.add_repeat_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     if args.model:
@@ -96,16 +95,17 @@ def main() -> None:
     summaries = {name: timing.summarize(timing.rates(len(pairs), s)) for name, s in seconds.items()}
     diffs = {name: float(np.max(np.abs(np.asarray(last[name]) - np.asarray(last["st"])))) for name in systems}
 
-    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"{platform.processor() or 'cpu'}, {args.threads} threads"
+    device = reporting.device_name(args.device) + ("" if args.device.startswith("cuda") else f", {args.threads} threads")
+    print(reporting.header("Cross-encoder scoring throughput: ours vs sentence-transformers", __file__, argv))
     print(f"Cross-encoder scoring, {len(pairs)} pairs, batch {args.batch_size}, max length {ours.max_length}, "
           f"device {device}")
     print(timing.protocol_line(args.repeat, list(systems)))
     rows = [row + [f"{diffs[name]:.1e}"] for row, name in
             zip(timing.comparison_rows(summaries, "st"), summaries)]
-    print(timing.markdown_table(["system", "pairs/s", "vs sentence-transformers", "max |score diff| vs st"], rows))
+    print(reporting.markdown_table(["system", "pairs/s", "vs sentence-transformers", "max |score diff| vs st"], rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device, "pairs": len(pairs), "batch_size": args.batch_size,
-                                              "seconds": seconds, "max_abs_diff": diffs}, indent=2))
+        reporting.write_json(Path(args.out), {"device": device, "pairs": len(pairs), "batch_size": args.batch_size,
+                                              "seconds": seconds, "max_abs_diff": diffs})
 
 
 if __name__ == "__main__":

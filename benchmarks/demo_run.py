@@ -26,11 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import _bootstrap  # noqa: F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 from flows.study.machine import describe_cpu  # noqa: E402
 from flows.study.records import code_commit  # noqa: E402
 
 ROOT = _bootstrap.ROOT
-RESULTS_JSON = ROOT / "benchmarks" / "results" / "demo_run_cpu.json"
+RESULTS_JSON = reporting.RESULTS / "demo_run_cpu.json"
 PFORGE = Path(sys.executable).with_name("pforge")
 STAGE_LINE = re.compile(r"INFO (\S+): (\S+) ([0-9a-f]{16}) \((built|cache hit)\)")
 SAMPLE_STAGE_LINES = 6   # the first stages' lines, then "...", then the last one
@@ -124,19 +125,20 @@ def minutes(seconds: float | None) -> str:
 
 
 def markdown(entries: list[dict]) -> str:
-    times = ["| CPU | flags | pipeline | `pforge run`, server start included | `make install` | measured |",
-             "|---|---|---:|---:|---:|---|"]
-    for e in entries:
-        times.append(f"| {e['cpu']['key']} | {', '.join(e['cpu']['flags'])} | {minutes(e['pipeline_s'])} | "
-                     f"{minutes(e['wall_s'])} | {minutes(e['install_s'])} | {e['date']}, commit {(e['commit'] or 'unknown')[:10]} |")
+    times = reporting.markdown_table(
+        ["CPU", "flags", "pipeline", "`pforge run`, server start included", "`make install`", "measured"],
+        [[e["cpu"]["key"], ", ".join(e["cpu"]["flags"]), minutes(e["pipeline_s"]), minutes(e["wall_s"]),
+          minutes(e["install_s"]), f"{e['date']}, commit {(e['commit'] or 'unknown')[:10]}"] for e in entries],
+        align="llrrrl")
     last = entries[-1]
-    stages = ["| stage | build (s) |", "|---|---:|"]
-    stages += [f"| {s['stage']} | {s['build_s']:.1f} |" for s in last["stages"] if s["build_s"] is not None]
+    stages = reporting.markdown_table(["stage", "build (s)"], [[s["stage"], f"{s['build_s']:.1f}"] for s in last["stages"]
+                                                              if s["build_s"] is not None])
     return "\n".join([
         f"# `pforge run {last['config']}`: time and output",
-        "", "Written by `benchmarks/demo_run.py` (one run on a new artifact root per CPU, the last replacing the one before).",
-        "", "## Times", "", *times,
-        "", "## Stages", "", f"On {last['cpu']['key']}, {last['date']}:", "", *stages,
+        "", f"Written by `{reporting.script_path(__file__)}` (one run on a new artifact root per CPU, the last replacing "
+        "the one before).",
+        "", "## Times", "", times,
+        "", "## Stages", "", f"On {last['cpu']['key']}, {last['date']}:", "", stages,
         "", "## Sample output", "",
         f"`pforge run` prints {last['output_lines']} lines on {last['cpu']['key']}; its stage lines (the first, the last) "
         "and the report's path:", "", "```text", last["sample"], "```",
@@ -156,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo_run: pforge run exited {code}; nothing recorded", file=sys.stderr)
             return code
     entries = merged(args.results, entry)
-    args.results.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
-    args.results.with_suffix(".md").write_text(markdown(entries), encoding="utf-8")
+    reporting.write_report(args.results.with_suffix(".md"), markdown(entries), entries, indent=1)
     print(f"{entry['cpu']['key']}: pipeline {minutes(entry['pipeline_s'])}, wall {minutes(wall_s)}; "
           f"wrote {args.results} and {args.results.with_suffix('.md')}")
     return 0

@@ -38,9 +38,7 @@ questions with an identical top-20 set, and top-20 answer accuracy (DPR has_answ
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _shared import load_has_answer, squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -222,8 +221,8 @@ def main(argv=None) -> dict:
         rows.append(row)
     st_vs_ours_max_abs = float(np.abs(vectors["st"] - vectors["ours"]).max())
 
-    hw = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    print(f"# Encoding throughput ({source})\n")
+    hw = reporting.device_name(device)
+    print(reporting.header(f"Encoding throughput ({source})", __file__, argv))
     print(f"model {args.model} ({ref}), mean pooling + l2 normalize; {len(pairs)} passages as (title, text) "
           f"pairs per repeat (tokens: mean {n_tokens.mean():.0f}, max {n_tokens.max()}, "
           f"{int((n_tokens > args.max_length).sum())} over {args.max_length}), {len(questions)} questions; "
@@ -236,7 +235,7 @@ def main(argv=None) -> dict:
         table.append([name, row["max_length"], rate, ratio, f"{row['vs_ours_fp32_mean_cos']:.6f}",
                       f"{row['vs_ours_fp32_min_cos']:.6f}", f"{row['vs_ours_fp32_top20_overlap']:.3f}",
                       f"{row['vs_ours_fp32_top20_identical']:.3f}", f"{row['top20_accuracy']:.3f}"])
-    print(timing.markdown_table(
+    print(reporting.markdown_table(
         ["system", "max tokens", "passages/s median (range)", "ratio vs ST (range)", "mean cos vs ours fp32",
          "min cos", "top-20 overlap", "identical top-20", "top-20 acc"], table))
     print("\nper-repeat seconds: " + "; ".join(
@@ -248,7 +247,7 @@ def main(argv=None) -> dict:
               "mean_tokens": float(n_tokens.mean()), "st_vs_ours_fp32_max_abs": st_vs_ours_max_abs,
               "has_answer": has_answer_src, "rows": rows}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

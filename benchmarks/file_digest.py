@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 
 BLOCK = 1 << 20
@@ -62,15 +63,16 @@ def main(argv=None) -> dict:
 
         seconds, _ = timing.alternate({name: timed(name) for name in hashes}, args.repeat)
     summaries = {name: timing.summarize(timing.rates(gigabytes, s)) for name, s in seconds.items()}
-    print(f"{args.mb} MiB file from the page cache, {BLOCK >> 20} MiB reads; {timing.cpu_name()}")
+    print(reporting.header("File digest: SHA-256 vs BLAKE2b", __file__, argv))
+    print(f"{args.mb} MiB file from the page cache, {BLOCK >> 20} MiB reads")
     print(timing.protocol_line(args.repeat, hashes))
-    print(timing.markdown_table(["hash", "GB/s", "vs sha256 (x faster)"],
+    print(reporting.markdown_table(["hash", "GB/s", "vs sha256 (x faster)"],
                                 timing.comparison_rows(summaries, "sha256", spec=".2f")))
     for name in hashes:
         wall = timing.summarize([s / gigabytes for s in seconds[name]])
         used = timing.summarize([s / gigabytes for s in cpu[name]])
         print(f"{name}: {timing.fmt_summary(wall, '.2f')} s per GB wall, {timing.fmt_summary(used, '.2f')} s per GB CPU")
-    return {"summaries": summaries, "cpu": timing.cpu_name()}
+    return {"summaries": summaries, "cpu": reporting.cpu_name()}
 
 
 if __name__ == "__main__":

@@ -54,14 +54,13 @@ the ranges overlap.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -142,7 +141,7 @@ def quality_table(args, gen, runtime_gens: dict, C: int, M: int, B: int) -> dict
           f"questions), {C} questions each, same settings\n")
     rows = [[name, f"{s['bleu4']:.2f}", f"{s['rougeL']:.2f}", f"{s['bm25_own_paragraph_first']:.3f}", s["questions"]]
             for name, s in scores.items()]
-    print(timing.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first", "questions"], rows))
+    print(reporting.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first", "questions"], rows))
     if k > 1:  # one seed's questions are noisy: each system's spread over its seeds
         summary = []
         for system in ["torch", *runtime_gens]:
@@ -150,7 +149,7 @@ def quality_table(args, gen, runtime_gens: dict, C: int, M: int, B: int) -> dict
             summary.append([system] + [f"{statistics.mean(v):.2f} ({statistics.stdev(v):.2f}; {min(v):.2f}-{max(v):.2f})"
                                        for v in ([s[m] for s in seeds] for m in ("bleu4", "rougeL", "bm25_own_paragraph_first"))])
         print(f"\nOver seeds {args.seed}-{args.seed + k - 1}: mean (standard deviation; min-max)\n")
-        print(timing.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first"], summary))
+        print(reporting.markdown_table(["runtime", "BLEU-4", "ROUGE-L", "BM25 own paragraph first"], summary))
     return scores
 
 
@@ -296,7 +295,7 @@ def main(argv=None) -> dict:
     if args.quality_only:
         result = {"args": vars(args), "quality": quality_table(args, gen, ct2_gens, C, M, B)}
         if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=2))
+            reporting.write_json(Path(args.out), result)
         return result
     # the same inputs: the peer's ids without padding must be ours
     differ = 0
@@ -318,8 +317,9 @@ def main(argv=None) -> dict:
     n_ours_questions = sum(len(qs) for qs in last["ours"])
 
     lengths = [len(x) for x in prompt_ids]
-    hw = torch.cuda.get_device_name() if device.type == "cuda" else (platform.processor() or platform.machine())
-    print(f"# Generation throughput ({args.passages or 'SQuAD dev articles, 100-word chunks'})\n")
+    hw = reporting.device_name(device.type)
+    print(reporting.header(f"Generation throughput ({args.passages or 'SQuAD dev articles, 100-word chunks'})",
+                           __file__, argv))
     print(f"generator {args.generator} ({resolve_checkpoint(args.generator)}), causal; {len(passages)} "
           f"passages per repeat (prompt tokens: mean {sum(lengths) / len(lengths):.0f}, min {min(lengths)}, "
           f"max {max(lengths)}; peer ids differing from ours: {differ}); {C} queries per passage, "
@@ -332,7 +332,7 @@ def main(argv=None) -> dict:
             {names[k]: summaries[k] for k in names}, reference=NAMES["peer"], spec=".2f")):
         steps = f"{means[k][1]:.1f}" if counters[k].batches else "-"
         table.append([name, rate, cell, f"{means[k][0]:.1f}", steps])
-    print(timing.markdown_table(["system", "passages/s median (range)", "ratio vs peer (range)",
+    print(reporting.markdown_table(["system", "passages/s median (range)", "ratio vs peer (range)",
                                  "generated tokens / query", "decoding steps / batch"], table))
     print("\nper-repeat seconds: " + "; ".join(
         f"{k} " + ", ".join(f"{s:.2f}" for s in seconds[k]) for k in names))
@@ -352,7 +352,7 @@ def main(argv=None) -> dict:
     if args.quality:
         result["quality"] = quality_table(args, gen, ct2_gens, C, M, B)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
-from timing import cpu_name  # noqa: E402
 from _shared import squad_articles  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -184,10 +183,10 @@ def main(argv=None) -> dict:
         sec = timing.summarize(per_step[name])
         rows.append([name, f"{systems[name]['trainable'] / 1e6:.1f}M", timing.fmt_summary(sec, ".2f"), row[2],
                      f"{after[name]:.4f}"])
-    table = timing.markdown_table(["system", "trainable", "s / step", "speed vs model-loss", f"dev loss after {steps} steps"], rows)
+    table = reporting.markdown_table(["system", "trainable", "s / step", "speed vs model-loss", f"dev loss after {steps} steps"], rows)
     lengths = [len(x) for x in base.prompt_ids([p for p, _ in train[:needed]], args.max_source_len)]
-    header = (f"# Generator fine-tuning step ({args.generator})\n\n"
-              f"CPU: {cpu_name()}; torch {torch.__version__}, {args.threads} threads. Batches of {args.batch_size} "
+    header = (reporting.header(f"Generator fine-tuning step ({args.generator})", __file__, argv) + "\n"
+              f"torch {torch.__version__}, {args.threads} threads. Batches of {args.batch_size} "
               f"SQuAD dev pairs (prompt tokens mean {sum(lengths) / len(lengths):.0f}), lr {args.lr} constant, "
               f"{args.repeat} repeats of {args.steps_per_repeat} steps after one warm-up step; dev loss on "
               f"{len(dev)} pairs of held-out articles, {before:.4f} before training. LoRA: {lora_note}.\n\n"
@@ -195,9 +194,9 @@ def main(argv=None) -> dict:
     report = header + table + "\n"
     print(report)
     result = {"report": report, "dev_loss_before": before, "dev_loss_after": after, "train_losses": losses,
-              "seconds_per_step": per_step, "cpu": cpu_name()}
+              "seconds_per_step": per_step, "cpu": reporting.cpu_name()}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

@@ -30,7 +30,6 @@ in nats, max |logit difference|.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -39,9 +38,9 @@ import numpy as np
 
 import _bootstrap  # noqa: F401,E402  (puts the project on sys.path)
 import roofline  # noqa: E402
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from generation_throughput import MAX_SOURCE_LEN, load_passages  # noqa: E402
-from timing import cpu_name  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -205,10 +204,11 @@ def main(argv=None) -> dict:
     rows = {k: {"useful_gops": flops / tokens * summaries[k].median / 1e9, **agreement(logits["torch"], logits[k])}
                 for k in systems}
 
-    print(f"# Generator prompt pass ({args.passages or 'SQuAD dev articles, 100-word chunks'})\n")
+    print(reporting.header(f"Generator prompt pass ({args.passages or 'SQuAD dev articles, 100-word chunks'})",
+                           __file__, argv))
     print(f"generator {args.generator} ({resolve_checkpoint(args.generator)}); {len(lengths)} prompts per repeat "
           f"(tokens: {tokens}, mean {tokens / len(lengths):.0f}, min {min(lengths)}, max {max(lengths)}), batches of "
-          f"{args.batch_size} longest first; {args.threads} threads; CPU: {cpu_name()}; torch {torch.__version__}")
+          f"{args.batch_size} longest first; {args.threads} threads; torch {torch.__version__}")
     print(f"ceiling, same run: fp32 sgemm {sgemm:.0f} GFLOP/s, ONNX Runtime int8 product {int8_peak:.0f} GOP/s; "
           f"useful work {flops / tokens / 1e6:.0f} MFLOP per prompt token")
     print(timing.protocol_line(args.repeat, list(systems)) + "\n")
@@ -216,16 +216,16 @@ def main(argv=None) -> dict:
                      f"{100 * r['useful_gops'] / int8_peak:.0f}%", f"{r['top1']:.3f}", f"{r['kl']:.2g}",
                      f"{r['max_abs_dlogit']:.3g}"]
              for base, r in zip(timing.comparison_rows(summaries, "torch", ".0f"), rows.values())]
-    print(timing.markdown_table(["system", "prompt tokens/s", "ratio vs torch fp32", "useful GOP/s", "% of sgemm",
+    print(reporting.markdown_table(["system", "prompt tokens/s", "ratio vs torch fp32", "useful GOP/s", "% of sgemm",
                                  "% of int8 peak", "top-1 agreement", "KL(fp32 || q), nats", "max abs dlogit"], table))
     for k in systems:
         rows[k].update({"tokens_per_s": list(summaries[k].values), "median": summaries[k].median,
                         "ratio_vs_torch": timing.ratio(summaries[k], summaries["torch"]).median})
-    result = {"cpu": cpu_name(), "generator": args.generator, "prompts": len(lengths), "tokens": tokens,
+    result = {"cpu": reporting.cpu_name(), "generator": args.generator, "prompts": len(lengths), "tokens": tokens,
               "threads": args.threads, "repeat": args.repeat, "sgemm_gflops": sgemm, "int8_gops": int8_peak,
               "protocol": timing.protocol_line(args.repeat, list(systems)), "systems": rows}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        reporting.write_json(Path(args.out), result)
     return result
 
 

@@ -13,9 +13,7 @@ what search holds in RAM), with bytes per vector. Search: queries/s, the two kin
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import reporting  # noqa: E402
 import timing  # noqa: E402
 
 
@@ -53,9 +52,10 @@ def main(argv=None) -> list[dict]:
     faiss.omp_set_num_threads(args.threads)
     rows = []
     queries = mixture(args.queries, args.dim, args.clusters, seed=1)
-    print(f"# FAISS index memory and speed: flat vs IVF-PQ\n\ndim {args.dim}, {args.clusters}-centre Gaussian mixture, "
+    print(reporting.header("FAISS index memory and speed: flat vs IVF-PQ", __file__, argv))
+    print(f"dim {args.dim}, {args.clusters}-centre Gaussian mixture, "
           f"{args.queries} queries, k {args.k}, nprobe {args.nprobe}, faiss {faiss.__version__}, threads {args.threads}, "
-          f"{platform.processor() or platform.machine()}, os.cpu_count() {os.cpu_count()}")
+          f"os.cpu_count() {os.cpu_count()}")
     print(timing.protocol_line(args.repeat, ["flat", "ivfpq"]) + "\n")
     for n in (int(s) for s in args.sizes.split(",")):
         x = mixture(n, args.dim, args.clusters, seed=0)
@@ -77,7 +77,7 @@ def main(argv=None) -> list[dict]:
                "qps": {k: s.values for k, s in summaries.items()}, "recall_at_k": recall,
                "ivfpq_vs_flat_speed": {"median": speed.median, "lo": speed.lo, "hi": speed.hi, "parity": speed.parity}}
         rows.append(row)
-        print(timing.markdown_table(
+        print(reporting.markdown_table(
             ["passages", "index", "MB", "bytes/vector", "build s", "queries/s median (range)", "recall@k vs flat"],
             [[f"{n:,}", kind, f"{sizes[kind] / 1e6:,.1f}", f"{sizes[kind] / n:,.1f}", f"{build_s[kind]:.1f}",
               f"{summaries[kind].median:,.0f} ({summaries[kind].lo:,.0f}-{summaries[kind].hi:,.0f})",
@@ -86,7 +86,7 @@ def main(argv=None) -> list[dict]:
               f"({speed.lo:.2f}-{speed.hi:.2f}x){', parity' if speed.parity else ''}\n")
         del built
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        reporting.write_json(Path(args.out), rows, indent=1)
     return rows
 
 

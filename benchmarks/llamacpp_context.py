@@ -27,8 +27,8 @@ import numpy as np
 
 import _bootstrap  # noqa: F401  (puts the project root on sys.path)
 from models.llamacpp_generator import _Context
-from timing import (add_repeat_argument, alternate, comparison_rows, cpu_name, fmt_summary, markdown_table,
-                    protocol_line, rates, summarize)
+from reporting import header, markdown_table
+from timing import add_repeat_argument, alternate, comparison_rows, fmt_summary, protocol_line, rates, summarize
 
 LAYOUTS = {  # name: (one cache shared by all sequences, flash attention type: -1 auto, 0 off)
     # shared: a prompt's cells tagged with its n sample ids; streams: a KV stream per sequence
@@ -73,7 +73,7 @@ class Layout(_Context):
         self.split.append((prefilled - start, time.perf_counter() - prefilled))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gguf", required=True)
     parser.add_argument("--prompts", type=int, default=16)
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--layouts", default=",".join(LAYOUTS),
                         help="comma-separated layout names to run (default: all; the peer is always run)")
     add_repeat_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     peer = next(iter(LAYOUTS))
     chosen = [name for name in LAYOUTS if name == peer or name in args.layouts.split(",")]
 
@@ -107,8 +107,9 @@ def main() -> None:
         layout.split.clear()
     seconds, _ = alternate(layouts, args.repeat)
     summaries = {name: summarize(rates(1.0, s)) for name, s in seconds.items()}
+    print(header("llama.cpp KV layouts: a stream per sequence vs one shared cache", __file__, argv))
     print(f"{args.gguf}; {args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
-          f"{args.samples} samples each, {args.steps} decoding steps; {args.threads} threads; CPU: {cpu_name()}; "
+          f"{args.samples} samples each, {args.steps} decoding steps; {args.threads} threads; "
           f"llama-cpp-python {L.__version__}")
     print(protocol_line(args.repeat, list(layouts)))
     rows = [row + [fmt_summary(summarize([p for p, _ in layouts[row[0]].split]), ".2f"),

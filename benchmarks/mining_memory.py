@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 import _bootstrap  # noqa: F401  (puts the project on sys.path)
-import timing  # noqa: E402
+import reporting  # noqa: E402
 
 GENERATE_ROWS = 65_536  # vectors generated and written at a time
 
@@ -175,11 +174,12 @@ def main(argv=None) -> dict:
     import pyarrow
     import torch
 
-    print("# Mining memory: blocked top-k over streamed shards (ours) vs faiss.IndexFlatIP (peer)\n")
+    print(reporting.header("Mining memory: blocked top-k over streamed shards (ours) vs faiss.IndexFlatIP (peer)",
+                           __file__, argv))
     print(f"{args.queries:,} questions x N passages, random unit vectors, dim {args.dim}, exact inner-product "
           f"top-{args.k}; ours: shards of {args.rows:,} rows from the Parquet, query block {args.query_block}; "
           f"peer: IndexFlatIP filled {args.rows:,} rows at a time from the same Parquet, then one search. "
-          f"Threads {args.threads} (torch, faiss); {platform.machine()}, os.cpu_count() {os.cpu_count()}; "
+          f"Threads {args.threads} (torch, faiss); os.cpu_count() {os.cpu_count()}; "
           f"torch {torch.__version__}, faiss {faiss.__version__}, pyarrow {pyarrow.__version__}, numpy {np.__version__}")
     print("One fresh subprocess per system and size; peak = ru_maxrss; 'after imports' = that process's "
           "peak before the work (same imports in both); seconds = read + search, one run each.\n")
@@ -190,7 +190,7 @@ def main(argv=None) -> dict:
                      f"{o['peak_mb'] - o['baseline_mb']:,.0f}", f"{f['peak_mb'] - f['baseline_mb']:,.0f}",
                      f"{o['seconds']:.2f}", f"{f['seconds']:.2f}",
                      f"{r['identical_ranked']:.3f} / {r['set_overlap']:.4f}"])
-    print(timing.markdown_table(
+    print(reporting.markdown_table(
         ["passages", "parquet MB", "ours peak MB", "peer peak MB", "ours over imports MB",
          "peer over imports MB", "ours s", "peer s", "id agreement (identical ranked / set overlap)"], rows))
     base = ", ".join(f"{r['runs']['ours']['baseline_mb']:,.0f}/{r['runs']['faiss']['baseline_mb']:,.0f}" for r in results)
@@ -199,7 +199,7 @@ def main(argv=None) -> dict:
     print(f"\nafter-imports RSS MB (ours/peer) per size: {base}; cross-check, VmHWM MB (ours/peer): {hwm}; "
           f"Parquet write seconds per size (a separate process): {writes}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+        reporting.write_json(Path(args.out), {"args": vars(args), "results": results})
     return {"results": results}
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -64,6 +63,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _shared import st_peer  # noqa: E402
 
@@ -267,14 +267,14 @@ def main(argv=None) -> dict:
     import sentence_transformers
 
     names = {"peer": "sentence-transformers `mine_hard_negatives` (peer)", "ours": "ours: encode + blocked_top_k"}
-    print(f"# Mining throughput ({args.passages})\n")
+    print(reporting.header(f"Mining throughput ({args.passages})", __file__, argv))
     print(f"{len(pids):,} passages (text only; tokens mean {p_tokens.mean():.0f}, max {p_tokens.max()}, "
           f"{int((p_tokens > args.max_length).sum())} over {args.max_length}), {len(queries):,} synthetic questions "
           f"(first sentence of passage i, positive = passage i; tokens mean {q_tokens.mean():.0f}, max {q_tokens.max()}, "
           f"{int((q_tokens > 64).sum())} over 64), M = {args.negatives} negatives each; model minilm "
           f"(all-MiniLM-L6-v2, mean pooling + l2 normalize); batch {args.batch_size}; max tokens: passages "
           f"{args.max_length}, questions {args.query_max_length} (ours) / {args.max_length} (peer: one max_seq_length); "
-          f"torch threads {torch.get_num_threads()}; cpu ({platform.machine()}), os.cpu_count() {os.cpu_count()}; "
+          f"torch threads {torch.get_num_threads()}; os.cpu_count() {os.cpu_count()}; "
           f"torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}")
     print(f"peer settings: range_min=0, range_max={args.negatives}, num_negatives={args.negatives}, "
           f"sampling_strategy='top', output_format='labeled-list', batch_size={args.batch_size}, use_faiss=False, "
@@ -286,7 +286,7 @@ def main(argv=None) -> dict:
             {names[k]: summaries[k] for k in systems}, reference=names["peer"])):
         mem = memory[key]
         table.append([name, rate, ratio, f"{mem['peak_mb']:,.0f}", f"{mem['peak_mb'] - mem['loaded_mb']:,.0f}"])
-    print(timing.markdown_table(["system", "questions/s median (range)", "ratio vs peer (range)",
+    print(reporting.markdown_table(["system", "questions/s median (range)", "ratio vs peer (range)",
                                  "peak RSS MB", "peak over loaded model MB"], table))
     print("\nper-repeat seconds: " + "; ".join(f"{k} " + ", ".join(f"{s:.2f}" for s in seconds[k]) for k in systems))
     print(f"agreement (last repeat): identical ranked negative lists {same:.3f}, mean set overlap {overlap:.4f}")
@@ -300,7 +300,7 @@ def main(argv=None) -> dict:
               "agreement": {"identical": same, "overlap": overlap}, "parts": parts, "peer_encode_s": peer_encode,
               "memory": memory}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

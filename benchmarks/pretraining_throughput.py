@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 from _shared import squad_articles  # noqa: E402
@@ -131,15 +130,15 @@ def main(argv=None) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else None
     seconds, _ = timing.alternate({name: timed(name) for name in steps}, args.repeat, sync)
     summaries = {name: timing.summarize(timing.rates(bs * spr, seconds[name])) for name in steps}
-    hw = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    print(f"# Pre-training throughput (SQuAD {args.squad})\n")
+    hw = reporting.device_name(device)
+    print(reporting.header(f"Pre-training throughput (SQuAD {args.squad})", __file__, argv))
     print(f"model {args.model}{' (random init)' if args.random_init else ''}; batch {bs} passages; query/passage "
           f"tokens {args.query_length}/{args.passage_length} (passage-passage contexts {args.passage_length}); "
           f"{args.warmup} warm-up step(s), then {spr} step(s) per system per repeat; torch threads "
           f"{torch.get_num_threads()}; device {device} ({hw}); {'bf16 autocast' if args.bf16 else 'fp32'}; "
           f"torch {torch.__version__}; os.cpu_count() {os.cpu_count()}")
     print(timing.protocol_line(args.repeat, list(steps)) + "\n")
-    print(timing.markdown_table(["system", "passages/s median (range)", "ratio vs contrastive (range)"],
+    print(reporting.markdown_table(["system", "passages/s median (range)", "ratio vs contrastive (range)"],
                                 timing.comparison_rows(summaries, reference="contrastive")))
     print("\nper-repeat seconds: " + "; ".join(f"{k} " + ", ".join(f"{x:.2f}" for x in v) for k, v in seconds.items()))
     print("losses (warm-up, timed...): " + "; ".join(f"{k} " + ", ".join(f"{x:.3f}" for x in v)
@@ -148,7 +147,7 @@ def main(argv=None) -> dict:
               "passages_per_s": {k: s.values for k, s in summaries.items()},
               "ratios": {k: vars(timing.ratio(s, summaries["contrastive"])) for k, s in summaries.items()}}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 from tests.crash_consistency import differences, draw_moments, kill_and_resume, run_clean, snapshot  # noqa: E402
 from tests.lifecycle import TINY, pforge_env  # noqa: E402
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="pforge-random-kills-"))
     work.mkdir(parents=True, exist_ok=True)
     env = pforge_env(work)   # one PREFECT_HOME: its database is migrated once
+    print(reporting.header(f"Crash consistency at {args.moments} random moments", __file__, argv), flush=True)
     try:
         clean = run_clean(work / "reference", work / "reference.log", env, args.config)
         reference = snapshot(clean.root)

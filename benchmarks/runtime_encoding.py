@@ -60,8 +60,8 @@ from pathlib import Path
 import numpy as np
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
-from timing import cpu_name  # noqa: E402
 import roofline  # noqa: E402
 from _shared import squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -290,7 +290,7 @@ def bench_encode(args) -> dict:
     rates = {n: s.median for n, s in summaries.items()}
     flops = flops_per_item(folder, [t for t, _ in passages], [x for _, x in passages], args.max_length, "only_second")
     rows = with_ceiling(rows, rates, flops, args.sgemm)
-    table = timing.markdown_table(["system", "passages/s", "vs st torch fp32", "mean cos vs fp32", "min cos",
+    table = reporting.markdown_table(["system", "passages/s", "vs st torch fp32", "mean cos vs fp32", "min cos",
                                    "GFLOP/s", "of sgemm"], rows)
     return {"passages": len(passages), "table": table, "protocol": timing.protocol_line(args.repeat, list(systems)), "st_onnx": st_onnx_note or "ran", "rates": rates,
             "agreement": agreement, "gflop_per_item": flops / 1e9}
@@ -389,7 +389,7 @@ def bench_score(args) -> dict:
         rows = [row + ([f"{aucs[row[0]]:.4f}", f"{aucs[row[0]] - aucs['torch']:+.4f}"] if row[0] in aucs else ["", ""])
                 for row in rows]
         header += [f"AUC ({sum(labels)} q, {len(labels)} pairs)", "vs fp32"]
-    table = timing.markdown_table(header, rows)
+    table = reporting.markdown_table(header, rows)
     return {"pairs": len(pairs), "table": table, "auc": aucs, "cross_encoder": str(args.cross_encoder or "seeded head"), "protocol": timing.protocol_line(args.repeat, list(systems)), "rates": rates, "gflop_per_item": flops / 1e9,
             "agreement": agreement, "st_onnx": ONNX_PEER_NOTE}
 
@@ -427,8 +427,9 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     args.sgemm, int8_peak = roofline.sgemm_gflops(threads), roofline.int8_gemm_gops(threads)
-    cpu = cpu_name()
-    header = (f"CPU: {cpu}, {threads} intra-op threads; batch {args.batch_size}, "
+    cpu = reporting.cpu_name()
+    header = (reporting.header("CPU runtimes: encoding and cross-encoder scoring", __file__, argv)
+              + f"\n{threads} intra-op threads; batch {args.batch_size}, "
               f"max length {args.max_length}\nCeiling: torch fp32 sgemm {args.sgemm:.0f} GFLOP/s, ONNX Runtime int8 "
               f"MatMulInteger {int8_peak:.0f} GOP/s ({int8_peak / args.sgemm:.2f}x), 2048^3, best of 5")
     print(header)
@@ -447,7 +448,7 @@ def main(argv=None) -> dict:
               f"({result['score']['st_onnx']})\n"
               f"{result['score']['protocol']}\n{result['score']['table']}")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        reporting.write_json(Path(args.out), result)
     return result
 
 

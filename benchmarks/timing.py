@@ -19,13 +19,13 @@ Protocol (every comparison script uses it):
 
 Values are whatever the script measures per repeat: seconds, or rates (items / seconds). A ratio
 of rates reads "times faster", a ratio of seconds "times slower"; the scripts say which.
+
+Tables, headers and result files: reporting.py.
 """
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -133,14 +133,6 @@ def fmt_ratio(r: Ratio, spec: str = ".2f") -> str:
     return text + (", parity" if r.parity else "")
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 1) -> str:
-    """A markdown table; columns from ``numeric_from`` on are right-aligned."""
-    align = ["---" if i < numeric_from else "---:" for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def comparison_rows(summaries: dict[str, Summary], reference: str, spec: str = ".1f",
                     ratio_spec: str = ".2f") -> list[list[str]]:
     """One row per system: name, median (range), ratio vs ``reference`` with its range and parity."""
@@ -159,26 +151,3 @@ def protocol_line(repeat: int, names: Sequence[str]) -> str:
             "the repeats; ratio of medians (range min(a)/max(b)..max(a)/min(b)); "
             "parity = the ranges overlap")
 
-
-def cpu_name() -> str:
-    """lscpu's model name, with its family and model: every timing names the CPU it ran on, and
-    "AMD EPYC" alone does not tell a Zen 1 (family 23) from a Zen 3 (family 25)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        out = ""
-    return cpu_name_from_lscpu(out) or platform.processor() or "unknown CPU"
-
-
-def cpu_name_from_lscpu(text: str) -> str | None:
-    """"NAME (family F model M)" from lscpu's output; None without a model name."""
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    name = fields.get("Model name")
-    if not name:
-        return None
-    family, model = fields.get("CPU family"), fields.get("Model")
-    return f"{name} (family {family} model {model})" if family and model else name

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 from _shared import squad_articles, st_peer  # noqa: E402
@@ -127,15 +126,15 @@ def main(argv=None) -> dict:
     summaries = {names[k]: timing.summarize(timing.rates(bs * spr, seconds[k])) for k in steps}
     r = timing.ratio(summaries[names["ours"]], summaries[names["st"]])
 
-    hw = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    print(f"# Training throughput (SQuAD {args.squad})\n")
+    hw = reporting.device_name(device)
+    print(reporting.header(f"Training throughput (SQuAD {args.squad})", __file__, argv))
     print(f"model {args.model}, mean pooling + l2 normalize, scale {SCALE:g}; batch {bs}; passages as "
           f"(title, text) pairs; query/passage tokens {args.query_length}/{args.passage_length}; "
           f"{args.warmup} warm-up step(s), then {spr} step(s) per system per repeat; torch threads "
           f"{torch.get_num_threads()}; device {device} ({hw}); {'bf16 autocast' if args.bf16 else 'fp32'}; "
           f"torch {torch.__version__}; os.cpu_count() {os.cpu_count()}")
     print(timing.protocol_line(args.repeat, list(steps)) + "\n")
-    print(timing.markdown_table(["system", "pairs/s median (range)", "ratio vs ST (range)"],
+    print(reporting.markdown_table(["system", "pairs/s median (range)", "ratio vs ST (range)"],
                                 timing.comparison_rows(summaries, reference=names["st"])))
     print("\nper-repeat seconds: " + "; ".join(f"{k} " + ", ".join(f"{x:.2f}" for x in v) for k, v in seconds.items()))
     print("losses (warm-up, timed...): " + "; ".join(f"{k} " + ", ".join(f"{x:.4f}" for x in v)
@@ -145,7 +144,7 @@ def main(argv=None) -> dict:
     result = {"args": vars(args), "seconds": seconds, "losses": losses, "ratio": vars(r),
               "pairs_per_s": {k: s.values for k, s in summaries.items()}}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.out), result)
     return result
 
 

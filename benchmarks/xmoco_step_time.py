@@ -31,13 +31,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import os
-import platform
-import sys
 from pathlib import Path
 
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 import timing  # noqa: E402
 from _step_args import add_step_arguments, optimizer_step  # noqa: E402
 from _shared import squad_articles  # noqa: E402
@@ -173,15 +171,11 @@ def main(argv=None) -> dict:
     queue_cost = timing.ratio(per_step[big], per_step["xmoco-in-batch"])
     xmoco_cost = timing.ratio(per_step[big], per_step["dpr"])
 
-    hw = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    hw = reporting.device_name(args.device)
     model_name = "random BERT-base-sized towers (110M each)" if args.random_bert_base else args.model
-    command = ("HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/xmoco_step_time.py "
-               + " ".join(argv if argv is not None else sys.argv[1:]))
     lines = [
-        "# xMoCo step time: queue of {:,} against in-batch-only steps".format(args.queue_size),
-        "",
-        f"`{command.strip()}`",
-        "",
+        reporting.header(f"xMoCo step time: queue of {args.queue_size:,} against in-batch-only steps", __file__, argv,
+                         env="HF_HUB_OFFLINE=1"),
         f"model {model_name}, two towers, [CLS], dot product; batch {bs} questions + {n_neg} hard negative(s) "
         f"each; query/passage tokens {args.query_length}/{args.passage_length}; AdamW lr {args.lr:g}; "
         f"{args.warmup} warm-up step(s), then {spr} step(s) per system per repeat; device {args.device} ({hw}); "
@@ -189,8 +183,8 @@ def main(argv=None) -> dict:
         f"threads, os.cpu_count() {os.cpu_count()}. In-batch xMoCo queue: {in_batch_queue}.",
         timing.protocol_line(args.repeat, list(steps)),
         "",
-        timing.markdown_table(["system", "seconds per step, median (range)", "ratio vs dpr (range)"],
-                              timing.comparison_rows(per_step, reference="dpr", spec=".3f")),
+        reporting.markdown_table(["system", "seconds per step, median (range)", "ratio vs dpr (range)"],
+                                 timing.comparison_rows(per_step, reference="dpr", spec=".3f")),
         "",
         f"- the queue's cost, `{big}` / `xmoco-in-batch`: {timing.fmt_ratio(queue_cost)} (aim: within 10%)",
         f"- xMoCo's whole cost, `{big}` / `dpr`: {timing.fmt_ratio(xmoco_cost)} (the slow encoders' forward "
@@ -205,11 +199,11 @@ def main(argv=None) -> dict:
     report = "\n".join(lines)
     print(report)
     if args.out:
-        Path(args.out).write_text(report + "\n")
+        reporting.write_report(Path(args.out), report)
     result = {"args": vars(args), "seconds": seconds, "peak_gib": peak_gib, "losses": losses, "queue_cost": vars(queue_cost),
               "xmoco_cost": vars(xmoco_cost)}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        reporting.write_json(Path(args.json), result)
     return result
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import _quality_bootstrap  # noqa: F401  (puts benchmarks/ and the project on sys.path)
-from timing import cpu_name  # noqa: E402
+import reporting  # noqa: E402
 
 
 def training_sample(root: Path, pairs: int, seed: int):
@@ -40,7 +40,7 @@ def training_sample(root: Path, pairs: int, seed: int):
     return as_text_pairs(sample, text_of), [p.label for p in sample]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     import torch
 
     from models.cross_encoder import CrossEncoderModel
@@ -52,11 +52,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--pairs", type=int, default=64)
     parser.add_argument("--base", default="minilm")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     pairs, labels = training_sample(args.root, args.pairs, seed=0)
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {args.pairs} training "
+    print(reporting.header("Cross-attention classifier: AUC after a few steps at each learning rate", __file__, argv))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.pairs} training "
           f"pairs ({sum(labels)} positive), {args.steps} steps of 16, 10% warm-up\n")
-    print("| lr | AUC before | AUC after | loss, first 3 steps | loss, last 3 steps | seconds |\n|---:|---:|---:|---|---|---:|")
+    # the header now, each rate's row once it is trained (minutes each)
+    print(reporting.markdown_table(["lr", "AUC before", "AUC after", "loss, first 3 steps", "loss, last 3 steps",
+                                    "seconds"], [], align="rrrllr"), flush=True)
     for lr in args.lr:
         torch.manual_seed(0)  # the same fresh head for every rate
         model = CrossEncoderModel.from_base(args.base, 256)
@@ -67,8 +70,9 @@ def main() -> int:
                                                                                 warmup_ratio=0.1, seed=1), out, device="cpu")
         after = auc(labels, model.score(pairs, device="cpu"))
         losses = [h["loss"] for h in result["history"]]
-        print(f"| {lr:g} | {before:.3f} | {after:.3f} | {', '.join(f'{x:.3f}' for x in losses[:3])} | "
-              f"{', '.join(f'{x:.3f}' for x in losses[-3:])} | {time.perf_counter() - started:.0f} |")
+        print(reporting.table_row([f"{lr:g}", f"{before:.3f}", f"{after:.3f}", ", ".join(f"{x:.3f}" for x in losses[:3]),
+                                   ", ".join(f"{x:.3f}" for x in losses[-3:]), f"{time.perf_counter() - started:.0f}"]),
+              flush=True)
     return 0
 
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import time
 from pathlib import Path
 
 import _quality_bootstrap  # noqa: F401  (puts the project on sys.path)
+import reporting  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -131,15 +131,15 @@ def pct(v):
 def table(rows: list[dict]) -> str:
     header = ["system", "start", "retriever", "seeds", *[f"top-{k}" for k in KS], "MRR@10",
               "pre-train s", "fine-tune s", "encode+search s", "built"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+    cells = []
     for r in rows:
         sec = r["seconds"]
-        lines.append("| " + " | ".join([
+        cells.append([
             r["system"], r["start"], r["retriever"], r["seeds"],
             *[pct(r["top"][k]) for k in KS], "-" if r["mrr10"] is None else f"{r['mrr10']:.3f}",
             f"{sec['pretrain']:.0f}" if sec["pretrain"] else "-", f"{sec['train']:.0f}" if sec["train"] else "-",
-            f"{sec['encode']:.0f}", "yes" if r["built"] else "reused"]) + " |")
-    return "\n".join(lines)
+            f"{sec['encode']:.0f}", "yes" if r["built"] else "reused"])
+    return reporting.markdown_table(header, cells, numeric_from=3)
 
 
 def main(argv=None) -> dict:
@@ -163,10 +163,11 @@ def main(argv=None) -> dict:
         rows, info = run_seed(cfg, root, seed, args.split)
         all_rows += rows
         runs.append({"seed": seed, **info})
-    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
-              else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    device = (reporting.device_name("cuda") if torch.cuda.is_available()
+              else f"cpu ({reporting.cpu_name()}, {os.cpu_count()} cores)")
     questions = {r["questions"] for r in all_rows if r["questions"]}
-    report = [f"# Query-as-context pre-training then fine-tuning ({Path(args.config).name}, {args.split} split)", "",
+    report = [reporting.header(f"Query-as-context pre-training then fine-tuning ({Path(args.config).name}, {args.split} split)",
+                               __file__, argv, env="HF_HUB_OFFLINE=1"),
               f"device {device}; torch {torch.__version__}; {', '.join(str(int(q)) for q in sorted(questions))} "
               f"{args.split} questions; store {root}", "",
               table(all_rows), "",
@@ -180,7 +181,7 @@ def main(argv=None) -> dict:
     text = "\n".join(report) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        reporting.write_report(Path(args.out), text)
     return {"rows": all_rows, "runs": runs}
 
 

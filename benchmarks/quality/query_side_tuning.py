@@ -16,6 +16,7 @@ import argparse
 import time
 
 from _quality_bootstrap import ROOT  # noqa: E402  (puts the project on sys.path)
+import reporting  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -104,15 +105,15 @@ def main(argv=None) -> dict:
         rows.append((f"query-side tuned, epoch {epoch}", epoch, evaluate(), time.perf_counter() - started))
 
     base = rows[0][2]
-    print(f"# Query-side tuning against frozen {args.system} passage vectors\n")
+    print(reporting.header(f"Query-side tuning against frozen {args.system} passage vectors", __file__, argv,
+                           env="HF_HUB_OFFLINE=1"))
     print(f"{len(train)} train questions, {int(trainable.sum())} of {len(pids)} passages in the softmax, "
           f"{len(test)} test questions scored over all passages by gold-passage top-k; lr {args.lr}, "
           f"batch {args.batch_size}, scale {args.scale}, seed {args.seed}, torch threads {args.threads}\n")
-    print("| query encoder | " + " | ".join(f"top-{k}" for k in KS) + " | top-1 vs zero-shot | epoch s |")
-    print("|---|" + "---:|" * (len(KS) + 2))
-    for name, _, scores, seconds in rows:
-        print(f"| {name} | " + " | ".join(f"{scores[k]:.1f}" for k in KS)
-              + f" | {scores[1] / base[1]:.3f}x | {seconds:.0f} |")
+    print(reporting.markdown_table(
+        ["query encoder", *(f"top-{k}" for k in KS), "top-1 vs zero-shot", "epoch s"],
+        [[name, *(f"{scores[k]:.1f}" for k in KS), f"{scores[1] / base[1]:.3f}x", f"{seconds:.0f}"]
+         for name, _, scores, seconds in rows]))
     return {"rows": [{"name": n, "epoch": e, "top_k": s, "seconds": t} for n, e, s, t in rows]}
 
 
