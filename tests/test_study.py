@@ -241,3 +241,10 @@ def test_study_status_and_tables_from_the_command_line(repo, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flows.cli", "study", "run", "--budget", "soon"], capture_output=True,
                          text=True, cwd=PROJECT_ROOT)
     assert bad.returncode == 2 and "a duration such as 150m" in bad.stderr
+
+
+def test_counts_print_in_full_and_ratios_to_four_digits():
+    from flows.study.tables import count_or_ratio
+
+    assert count_or_ratio(13886) == "13,886" and count_or_ratio(13886.4) == "13,886"
+    assert count_or_ratio(1.998) == "1.998" and count_or_ratio(0.60417) == "0.6042" and count_or_ratio(2) == "2"

@@ -157,6 +157,13 @@ def stage_times_table(results: Results, min_s: float = 30.0) -> list[str]:
     return lines
 
 
+def count_or_ratio(value: float) -> str:
+    """A count in full with thousands separators (13,886, not 1.389e+04), a ratio to 4 digits."""
+    if float(value).is_integer() or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def other_rows(results: Results) -> list[str]:
     """What the classifier and generation records report beside the runs."""
     lines = []
@@ -164,7 +171,7 @@ def other_rows(results: Results) -> list[str]:
         if record.get("kind") == "generation":
             stats = record.get("details") or {}
             shown = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
-            lines.append(f"- {name}: " + ", ".join(f"{k} {v:,.4g}" for k, v in sorted(shown.items())) +
+            lines.append(f"- {name}: " + ", ".join(f"{k} {count_or_ratio(v)}" for k, v in sorted(shown.items())) +
                          f" ({where(record)})")
         elif record.get("kind") == "classifier":
             details = record.get("details") or {}
