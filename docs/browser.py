@@ -12,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from flows.processes import stop_session
+
 CANDIDATES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 OFFLINE = "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"   # no name resolves but the loopback address
 LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
+CLOSE_GRACE_S = 10.0
 
 
 def find_chromium() -> str | None:
@@ -122,20 +123,8 @@ class Browser:
             self._loop.run_until_complete(self._socket.close())
         finally:
             self._loop.close()
-            self._signal(signal.SIGTERM)
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-            self._signal(signal.SIGKILL)   # what is left of the browser's session (its zygote, renderers)
-            self._process.wait(10)
+            stop_session(self._process, CLOSE_GRACE_S)   # the browser's whole session: its zygote, renderers
             self._profile.cleanup()
-
-    def _signal(self, number: int) -> None:
-        try:
-            os.killpg(self._process.pid, number)
-        except ProcessLookupError:   # nothing left in the browser's session
-            pass
 
     def __enter__(self) -> "Browser":
         return self

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +27,14 @@ import httpx
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "docs"))
 from browser import Browser, find_chromium  # noqa: E402
+from flows.processes import free_port, start_prefect_server, stop_session  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SETTLE_S = 4.0   # the UI's own requests after the page's load event
 STILL_S = 2.0    # then a picture is taken once two captures this far apart are the same (or after STILL_WITHIN_S)
 STILL_WITHIN_S = 90.0
+STOP_GRACE_S = 30.0
 PAGES = {   # file name: (path under the UI, text the page shows once its data has arrived,
             #             an API path it must have fetched too: what it draws on a canvas, which has no text)
     "prefect-runs.png": ("/runs", "passage-forge", None),
@@ -46,45 +46,11 @@ PAGES = {   # file name: (path under the UI, text the page shows once its data h
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(port: int, env: dict, log: Path) -> subprocess.Popen:
-    server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 600   # minutes on a loaded machine: it migrates a new database
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None:
-            break
-        time.sleep(0.5)
-    server.kill()
-    raise RuntimeError(f"the Prefect server did not start: {log.read_text(errors='replace')[-2000:]}")
-
-
 def start_serving(config: Path, root: Path, env: dict, log: Path) -> subprocess.Popen:
     """`pforge serve CONFIG` in its own session (stopping it stops the runs it started): it registers
     the deployments on the server of PREFECT_API_URL, then serves them until stopped."""
     return subprocess.Popen([str(BIN / "pforge"), "--root", str(root), "serve", str(config)], cwd=PROJECT_ROOT,
                             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the process's session, SIGKILL when it is still there 30 s later."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
 
 
 def api(port: int, path: str, body: dict) -> list[dict]:
@@ -158,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                "HF_HUB_OFFLINE": "1"}
         config = args.config.resolve()
         name = load_config(config).name
-        server = start_server(port, env, work / "server.log")
+        server = start_prefect_server(port, env, work / "server.log")
         started = [server]
         try:
             serving = start_serving(config, work / "root", env, work / "serve.log")
@@ -172,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path}")
         finally:
             for process in reversed(started):   # pforge serve first, then the server it talks to
-                stop(process)
+                stop_session(process, STOP_GRACE_S)
     return 0
 
 

@@ -2,8 +2,6 @@
 deployments, a run created through the REST API exactly as the UI's "Run" button does, then the
 artifacts in the catalog and in Prefect. Everything started here is stopped by its PID."""
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,33 +10,19 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.processes import free_port, start_prefect_server, stop_session
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT
 
 pytestmark = pytest.mark.usefixtures("shared_data")
 PFORGE = Path(sys.executable).with_name("pforge")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+STOP_GRACE_S = 30.0
 
 
 def _start(argv, env, log: Path) -> subprocess.Popen:
     # Its own session: stopping it stops its children (the runner's flow-run subprocesses) too.
     return subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
 
 
 RETRIED_STATUS = {429, 502, 503}   # a busy server's answers (503: its database is busy), not a verdict
@@ -94,29 +78,17 @@ def _wait(what: str, check, timeout: float, logs: list[Path], every: float = 1.0
 
 @pytest.fixture
 def prefect_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true",
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
-    log = tmp_path / "server.log"
-    server = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                    env, log)
-    started = [server]
-
-    def healthy():
-        if server.poll() is not None:
-            raise AssertionError(f"prefect server exited ({server.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            return httpx.get(f"{api}/health", timeout=2).status_code == 200  # polled: no retries needed
-        except httpx.HTTPError:
-            return False
+    started = [start_prefect_server(port, env, tmp_path / "server.log")]
     try:
-        _wait("the Prefect server", healthy, 180, [log])
         yield api, env, started
     finally:
         for process in reversed(started):
-            _stop(process)
+            stop_session(process, STOP_GRACE_S)
         assert all(p.poll() is not None for p in started)
 
 

@@ -7,8 +7,6 @@ later. The ephemeral server's case is run to the rerun; a configured server's (P
 to the stop, its rerun being the same as the first case's (its start costs another 20-40 s)."""
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,15 +14,14 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
+from flows.processes import free_port, start_prefect_server, stop_session
 from flows.server_watchdog import LOST_AFTER_S
 from tasks.config import PROJECT_ROOT
 from tests.crash_consistency import partial_listings, rerun, resume_problems, unfinished_folders_on_disk
-from tests.lifecycle import (PFORGE, built_in, in_session, kill_session, pforge_env, prefect_servers, registered,
-                             start_run)
+from tests.lifecycle import built_in, in_session, kill_session, pforge_env, prefect_servers, registered, start_run
 from tests.signals import default_signals
 
 pytestmark = pytest.mark.usefixtures("shared_data")
@@ -81,39 +78,16 @@ def test_a_run_whose_temporary_server_dies_mid_stage_stops_with_one_line_and_the
     assert {"bm25_index", "bm25_runs", "evaluation"} <= set(registered(root))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_server(api_url: str, port: int, log, env: dict) -> subprocess.Popen:
-    """`prefect server start` in a session of its own, once it answers its health check."""
-    command = [str(PFORGE.with_name("prefect")), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True, preexec_fn=default_signals)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{api_url}/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        assert server.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-        time.sleep(0.2)
-
-
 def test_a_run_whose_configured_server_is_stopped_mid_stage_stops_with_one_line(tmp_path):
-    port = _free_port()
+    port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env, root, log = pforge_env(tmp_path, PREFECT_API_URL=api_url), tmp_path / "root", tmp_path / "run.log"
-    server = _start_server(api_url, port, tmp_path / "server.log", pforge_env(tmp_path))
+    server = start_prefect_server(port, pforge_env(tmp_path), tmp_path / "server.log")
     process = None
     try:
         process = start_run(root, log, env)
         _wait_for_stage(process, log, STAGE[0])
-        os.killpg(server.pid, signal.SIGTERM)   # as its owner stops it
-        server.wait(30)
+        stop_session(server, grace_s=30)   # as its owner stops it
         code, left = _exit_within(process, LOST_AFTER_S + STOPS_WITHIN_S)
     finally:
         kill_session(server)
@@ -154,7 +128,7 @@ def test_a_configured_server_counts_as_gone_only_when_unreachable_for_lost_after
     from flows.server_watchdog import configured_server_lost
 
     now = [0.0]
-    gone = configured_server_lost(f"http://127.0.0.1:{_free_port()}/api", lost_after_s=10, clock=lambda: now[0])
+    gone = configured_server_lost(f"http://127.0.0.1:{free_port()}/api", lost_after_s=10, clock=lambda: now[0])
     assert gone() is None
     now[0] = 9.9
     assert gone() is None

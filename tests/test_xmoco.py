@@ -14,7 +14,6 @@ After the push (section 4.2: before the loss) Q_p = [a, b, sp0, sp1], Q_q = [c, 
 import math
 import os
 import random
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +23,7 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from flows.processes import free_port  # noqa: E402
 from models import BiEncoder  # noqa: E402
 from models.losses import LOSSES, build_loss  # noqa: E402
 from models.losses.xmoco import (  # noqa: E402
@@ -349,12 +349,6 @@ def test_resume_restores_queues_and_slow_encoders_exactly(checkpoint, tmp_path):
 
 
 # -- two processes, gloo ------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 DDP_STEPS = 24
 
