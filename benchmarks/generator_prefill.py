@@ -15,8 +15,8 @@ last-token logits, the distribution its first question token is drawn from.
                    reference of the agreement columns)
   llamacpp-C       models/llamacpp_generator.py's context: every prompt in a KV stream of its own
                    (C: int8 = q8_0, float32 = f32), as its `generate` prefills
-  onnx-fp32        the same forward exported to ONNX (models/onnx_runtime.export_checked), ORT
-  onnx-int8        that graph with ORT's dynamic int8 (models/onnx_runtime.quantize_int8)
+  onnx-fp32        the same forward exported to ONNX (models/encoder_runtimes.export_checked), ORT
+  onnx-int8        that graph with ORT's dynamic int8 (models/encoder_runtimes.quantize_int8)
   onnx-int8-fp32-down  the same, the feed-forward down projections kept fp32 (their inputs, the
                    gated products, carry the largest activations)
 The ONNX rows are not a runtime of the project (generation needs a KV-cache graph too): they
@@ -100,7 +100,7 @@ def down_projections(path: Path) -> list[str]:
 
 def onnx_systems(graph: nn.Module, vocab: int, variants: list[str], folder: Path, threads: int, pad_id: int):
     """name -> callable(batches) -> logits, for each ONNX variant (exported and quantised here)."""
-    from models.onnx_runtime import export_checked, new_session, quantize_int8
+    from models.encoder_runtimes import export_checked, new_session, quantize_int8
 
     fp32 = folder / "prefill.onnx"
     export_checked(graph, INPUTS, "logits", vocab, fp32)
@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
 
     from models import resolve_checkpoint
     from models.generator import load_generator
-    from models.onnx_runtime import _eager
+    from models.encoder_runtimes import _eager
 
     torch.set_num_threads(args.threads)
     gen = load_generator(args.generator)

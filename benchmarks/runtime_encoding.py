@@ -1,4 +1,4 @@
-"""Inference runtimes on the CPU (models/onnx_runtime.py): encoding and cross-encoder scoring,
+"""Inference runtimes on the CPU (models/encoder_runtimes.py): encoding and cross-encoder scoring,
 ours through torch and ONNX Runtime (fp32, int8) vs sentence-transformers, same run, interleaved.
 
     HF_HUB_OFFLINE=1 python benchmarks/runtime_encoding.py [--job encode|score|both] [--limit 24] \
@@ -190,7 +190,7 @@ class _CompiledTower:
 def openvino_encoders(model, onnx_encoder, calibration, max_length: int, bf16: bool) -> dict:
     """{'openvino': ours at fp32[, 'openvino-bf16'][, 'openvino-int8': NNCF static int8 of the ONNX
     export]}, where they import."""
-    from models.onnx_runtime import openvino_available
+    from models.encoder_runtimes import openvino_available
     from tasks.compute.bi_encoder import for_inference
 
     if not openvino_available():
@@ -335,7 +335,7 @@ def bench_score(args) -> dict:
     from sentence_transformers import CrossEncoder
 
     from models.cross_encoder import CrossEncoderModel
-    from models.onnx_runtime import OnnxCrossEncoder, openvino_available
+    from models.encoder_runtimes import OnnxCrossEncoder, openvino_available
 
     passages, questions = squad(Path(args.squad), max(args.pairs, 4))  # one question per paragraph
     if args.passages:  # the corpus's chunks instead, with the same questions

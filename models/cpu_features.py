@@ -4,7 +4,7 @@ bf16 autocast on a CPU is fast only with bf16 units: AMX tiles (`amx_bf16`) or A
 product (`avx512_bf16`); there bf16 encodes well ahead of fp32 with vectors at a cosine to fp32 near 1.
 On CPUs without them (AVX2 only, or AVX-512 without `avx512_bf16`) bf16 is emulated and slower than
 fp32. So `auto` means bf16 on CUDA devices that support it and on CPUs with bf16 units, fp32 elsewhere
-(and there models/onnx_runtime.py runs it on OpenVINO). Measured in docs/benchmarks.md, "BM25,
+(and there models/encoder_runtimes.py runs it on OpenVINO). Measured in docs/benchmarks.md, "BM25,
 chunking, encoding, training, generation" (passage encoding) and "CPU runtimes"
 (benchmarks/encoding_throughput.py, benchmarks/runtime_encoding.py).
 """

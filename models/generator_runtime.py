@@ -1,5 +1,5 @@
-"""Which runtime a generation runs with, chosen when a run is planned so that the version hashes
-the runtime that will run: 'auto' is llama.cpp (models/llamacpp_generator.py) on a CPU for a
+"""Which runtime a generation runs with, and a generator loaded on it. Chosen when a run is
+planned, so that the version hashes the runtime that will run: 'auto' is llama.cpp (models/llamacpp_generator.py) on a CPU for a
 Llama-family causal model when llama_cpp imports, else CTranslate2 int8
 (models/ct2_generator.py) when ctranslate2 does, else torch (CUDA keeps torch: its batched fp32
 path is the measured one there). Above both runtimes, so that neither imports the other."""
@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal, get_args
 
 from models import ct2_generator, llamacpp_generator
 
-RUNTIMES = ("auto", "torch", "ctranslate2", "llamacpp")
-COMPUTE_TYPES = ("auto", "int8", "float32", "bfloat16")
+#: what a config may name; planning resolves 'auto' (resolve_generator_runtime)
+GeneratorRuntime = Literal["auto", "torch", "ctranslate2", "llamacpp"]
+GeneratorPrecision = Literal["auto", "int8", "float32", "bfloat16"]
+RUNTIMES = get_args(GeneratorRuntime)
+COMPUTE_TYPES = get_args(GeneratorPrecision)
 #: packaged aliases (models/checkpoints.py) and their model_type, known without building them
 ALIAS_MODEL_TYPES = {"smollm2": "llama"}
 
@@ -27,7 +31,7 @@ def model_type_of(generator: str) -> str | None:
     return None
 
 
-def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, device: str) -> tuple[str, str]:
+def resolve_generator_runtime(runtime: str, compute_type: str, generator: str, kind: str, device: str) -> tuple[str, str]:
     """The (runtime, compute_type) a generation runs with: 'auto' resolved for this machine and
     model. torch always computes in float32; CTranslate2 defaults to int8, llama.cpp to q8_0, or to
     bf16 where both the CPU and the llama.cpp build multiply bf16 in hardware."""
@@ -55,3 +59,15 @@ def resolve_runtime(runtime: str, compute_type: str, generator: str, kind: str, 
         # (docs/benchmarks.md, "CPU runtimes"); emulated, and slow, without AVX-512 bf16
         return runtime, "bfloat16" if runtime == "llamacpp" and llamacpp_generator.llamacpp_bf16_in_hardware() else "int8"
     return runtime, compute_type
+
+
+def load_on_runtime(base, source: str, runtime: str, compute_type: str, device: str, threads: int | None):
+    """`base` (a QueryGenerator loaded from `source`, an alias or folder) ready to sample on a
+    resolved `runtime`: wrapped with its cached llama.cpp or CTranslate2 conversion, or moved to
+    `device` for torch."""
+    if runtime == "llamacpp":
+        return llamacpp_generator.load_llamacpp_generator(base, source, compute_type, threads)
+    if runtime == "ctranslate2":
+        return ct2_generator.load_ct2_generator(base, source, compute_type, device, threads)
+    base.model.to(device).eval()
+    return base

@@ -46,7 +46,8 @@ def flush_denormals():
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # generous: a loaded machine (a study beside the suite) starts the server in minutes, not seconds
+    with prefect_test_harness(server_startup_timeout=600):
         yield
 
 
@@ -113,7 +114,7 @@ def tiny_generator(tmp_path_factory, shared_data):
 def _cpu_without_bf16_units(tmp_path_factory):
     """Every machine runs the suite's pipelines on the same paths: `auto` resolves as on an AVX2 CPU
     (torch fp32), subprocesses included. Where the CPU has bf16 units, auto picks OpenVINO at bf16:
-    tests/test_cpu_features.py and tests/test_onnx_runtime.py check that choice and that path."""
+    tests/test_cpu_features.py and tests/test_encoder_runtimes.py check that choice and that path."""
     from models import cpu_features
 
     path = tmp_path_factory.mktemp("cpu") / "cpuinfo"

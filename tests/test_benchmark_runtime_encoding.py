@@ -73,7 +73,7 @@ def test_corpus_passages_are_a_seeded_sample_of_the_artifacts_rows(runtime_encod
 
 def test_openvino_rows_are_the_project_runtime_at_each_precision(runtime_encoding, tiny_checkpoint):
     from models import BiEncoder
-    from models.onnx_runtime import openvino_available
+    from models.encoder_runtimes import openvino_available
     from tasks.compute.bi_encoder import for_inference
 
     if not openvino_available():

@@ -31,7 +31,7 @@ def test_flags_are_read_from_cpuinfo(cpuinfo, tmp_path, monkeypatch):
 
 
 def test_auto_is_bf16_on_amx_and_fp32_without_and_hashed_as_resolved(cpuinfo, monkeypatch):
-    import models.onnx_runtime as ort_module
+    import models.encoder_runtimes as ort_module
 
     monkeypatch.setattr(ort_module, "openvino_available", lambda: False)  # torch's bf16 (OpenVINO's: below)
     cpuinfo(EPYC)
@@ -50,7 +50,7 @@ def test_auto_is_bf16_on_amx_and_fp32_without_and_hashed_as_resolved(cpuinfo, mo
 
 @pytest.mark.parametrize("text, units", [(XEON, True), (ZEN5, True), (SKYLAKE, False), (EPYC, False)])
 def test_bf16_units_are_amx_or_avx512_bf16_and_auto_follows_them(cpuinfo, monkeypatch, text, units):
-    import models.onnx_runtime as ort_module
+    import models.encoder_runtimes as ort_module
 
     monkeypatch.setattr(ort_module, "openvino_available", lambda: True)
     cpuinfo(text)
@@ -65,7 +65,7 @@ def test_bf16_units_are_amx_or_avx512_bf16_and_auto_follows_them(cpuinfo, monkey
 
 
 def test_scoring_auto_is_bf16_on_bf16_units_and_hashes_as_before_without(cpuinfo, monkeypatch):
-    import models.onnx_runtime as ort_module
+    import models.encoder_runtimes as ort_module
 
     cpuinfo(ZEN5)
     monkeypatch.setattr(ort_module, "openvino_available", lambda: True)

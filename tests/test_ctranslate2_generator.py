@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from models import ct2_generator
 from models.ct2_generator import CT2QueryGenerator, convert, load_ct2_generator
-from models.generator_runtime import resolve_runtime
+from models.generator_runtime import resolve_generator_runtime
 from models.generator import load_generator, mean_token_logprobs, question_key
 from models.llamacpp_generator import llamacpp_available
 from tests.test_generator import PASSAGES, word_tokenizer
@@ -134,29 +134,29 @@ def test_auto_resolution(llama, gpt2, monkeypatch):
 
     monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: True)
     monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: False)
-    assert resolve_runtime("auto", "auto", str(llama), "auto", "cpu") == ("llamacpp", "int8")
-    assert resolve_runtime("auto", "auto", "smollm2", "causal", "cpu") == ("llamacpp", "int8")
-    assert resolve_runtime("auto", "float32", "smollm2", "auto", "cpu") == ("llamacpp", "float32")
-    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cuda") == ("torch", "float32")
-    assert resolve_runtime("auto", "auto", str(gpt2), "auto", "cpu") == ("torch", "float32")
-    assert resolve_runtime("auto", "auto", "smollm2", "seq2seq", "cpu") == ("torch", "float32")
-    assert resolve_runtime("auto", "auto", "some/hub-model", "auto", "cpu") == ("torch", "float32")
-    assert resolve_runtime("ctranslate2", "auto", str(gpt2), "auto", "cpu") == ("ctranslate2", "int8")
-    assert resolve_runtime("ctranslate2", "float32", "smollm2", "auto", "cpu") == ("ctranslate2", "float32")
+    assert resolve_generator_runtime("auto", "auto", str(llama), "auto", "cpu") == ("llamacpp", "int8")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "causal", "cpu") == ("llamacpp", "int8")
+    assert resolve_generator_runtime("auto", "float32", "smollm2", "auto", "cpu") == ("llamacpp", "float32")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "auto", "cuda") == ("torch", "float32")
+    assert resolve_generator_runtime("auto", "auto", str(gpt2), "auto", "cpu") == ("torch", "float32")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "seq2seq", "cpu") == ("torch", "float32")
+    assert resolve_generator_runtime("auto", "auto", "some/hub-model", "auto", "cpu") == ("torch", "float32")
+    assert resolve_generator_runtime("ctranslate2", "auto", str(gpt2), "auto", "cpu") == ("ctranslate2", "int8")
+    assert resolve_generator_runtime("ctranslate2", "float32", "smollm2", "auto", "cpu") == ("ctranslate2", "float32")
     with pytest.raises(ValueError, match="needs runtime llamacpp or ctranslate2"):
-        resolve_runtime("torch", "int8", "smollm2", "auto", "cpu")
-    assert resolve_runtime("llamacpp", "bfloat16", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
+        resolve_generator_runtime("torch", "int8", "smollm2", "auto", "cpu")
+    assert resolve_generator_runtime("llamacpp", "bfloat16", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
     monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: True)  # a Zen 5, built natively
-    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
-    assert resolve_runtime("auto", "int8", "smollm2", "auto", "cpu") == ("llamacpp", "int8")  # named: kept
-    assert resolve_runtime("ctranslate2", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("llamacpp", "bfloat16")
+    assert resolve_generator_runtime("auto", "int8", "smollm2", "auto", "cpu") == ("llamacpp", "int8")  # named: kept
+    assert resolve_generator_runtime("ctranslate2", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
     monkeypatch.setattr(llamacpp_generator, "llamacpp_bf16_in_hardware", lambda: False)
     with pytest.raises(ValueError, match="bfloat16 needs runtime llamacpp"):
-        resolve_runtime("ctranslate2", "bfloat16", "smollm2", "auto", "cpu")
+        resolve_generator_runtime("ctranslate2", "bfloat16", "smollm2", "auto", "cpu")
     monkeypatch.setattr(llamacpp_generator, "llamacpp_available", lambda: False)
-    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("ctranslate2", "int8")
     monkeypatch.setattr(ct2_generator, "ctranslate2_available", lambda: False)
-    assert resolve_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("torch", "float32")
+    assert resolve_generator_runtime("auto", "auto", "smollm2", "auto", "cpu") == ("torch", "float32")
 
 
 def _generate_params(**generate):
@@ -212,3 +212,24 @@ def test_generation_leaves_torchs_thread_count_alone(llama):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_load_on_runtime_moves_a_torch_generator_to_its_device_and_returns_it():
+    from models.generator_runtime import load_on_runtime
+
+    class Model:
+        def __init__(self):
+            self.calls = []
+
+        def to(self, device):
+            self.calls.append(("to", device))
+            return self
+
+        def eval(self):
+            self.calls.append(("eval",))
+            return self
+
+    base = type("Base", (), {})()
+    base.model = Model()
+    assert load_on_runtime(base, "smollm2", "torch", "float32", "cpu", threads=1) is base
+    assert base.model.calls == [("to", "cpu"), ("eval",)]

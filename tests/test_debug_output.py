@@ -76,7 +76,7 @@ class _Branchy(nn.Module):
 
 @pytest.mark.parametrize("debug, shown", [(None, False), ("1", True)])
 def test_onnx_tracer_warnings_show_only_with_debug(tmp_path, monkeypatch, debug, shown):
-    from models.onnx_runtime import export_checked
+    from models.encoder_runtimes import export_checked
 
     if debug is None:
         monkeypatch.delenv("PFORGE_DEBUG", raising=False)

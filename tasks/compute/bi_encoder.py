@@ -32,7 +32,7 @@ def for_inference(model, device: str, int8: bool = False, runtime: str = "torch"
     if runtime in ("onnx", "openvino"):
         if device != "cpu":
             raise ValueError(f"dense.encode.runtime {runtime} runs on the CPU; the device is {device!r}")
-        from models.onnx_runtime import OnnxBiEncoder
+        from models.encoder_runtimes import OnnxBiEncoder
 
         return OnnxBiEncoder.from_model(model.cpu().eval(), int8=int8, runtime=runtime,
                                         bf16=bf16 and runtime == "openvino")

@@ -11,6 +11,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.encoder_runtimes import EncoderRuntime, resolve_encoder_runtime
 from tasks.compute.device import resolve_device
 from tasks.compute.origin import Origin
 from tasks.compute.bi_encoder import encode_side, for_inference
@@ -31,7 +32,7 @@ class EncodeConfig(BaseModel):
         "with bf16 and for CPUs with bf16 units (AMX or avx512_bf16; emulated, and slower than fp32, without them), "
         "off with int8 or onnx")
     int8: bool = Field(False, description="CPU only: int8 weights (torch: dynamic int8 Linear layers; onnx: ORT dynamic int8; benchmarks/runtime_encoding.py measures speed and accuracy)")
-    runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
+    runtime: EncoderRuntime = Field(
         "auto", description="torch (the reference), onnx (ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); "
         "auto: openvino at bf16 where the CPU has bf16 units, torch elsewhere (measured in docs/benchmarks.md, "
         "'CPU runtimes')")
@@ -51,8 +52,6 @@ class EncodeSettings(BaseModel):
 
     @classmethod
     def of(cls, encode: EncodeConfig) -> "EncodeSettings":
-        from models.onnx_runtime import resolve_runtime
-
         values = encode.model_dump(include=set(cls.model_fields) - {"runtime", "bf16"})
         bf16 = encode.bf16
         if bf16 == "auto":  # resolved at planning, like the runtime: a version hashes what it ran
@@ -60,7 +59,7 @@ class EncodeSettings(BaseModel):
 
             bf16 = (not encode.int8 and encode.runtime in ("auto", "torch", "openvino")
                     and bf16_wanted("auto", resolve_device(encode.device)))
-        return cls(**values, bf16=bf16, runtime=resolve_runtime(encode.runtime, encode.device, bf16))
+        return cls(**values, bf16=bf16, runtime=resolve_encoder_runtime(encode.runtime, encode.device, bf16))
 
     @property
     def precision(self) -> str:

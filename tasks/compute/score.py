@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from models.encoder_runtimes import resolve_encoder_runtime
 from tasks.compute.device import resolve_device
 from tasks.runners import worker_cached
 
@@ -27,7 +28,6 @@ class ScoringSettings(BaseModel):
         """The settings of the `cross_encoder` config section `config` (its device, runtime,
         int8 and bf16), resolved for this machine."""
         from models.cpu_features import bf16_wanted
-        from models.onnx_runtime import resolve_runtime
 
         on_cuda = resolve_device(config.device).startswith("cuda")
         if config.int8 and on_cuda:
@@ -37,7 +37,7 @@ class ScoringSettings(BaseModel):
         # resolved at planning, like the runtime: a version hashes the precision it was scored at
         bf16 = bf16_wanted(config.bf16, "cpu") \
             and not on_cuda and not config.int8 and config.runtime != "onnx"
-        return cls(runtime=resolve_runtime(config.runtime, config.device, bf16), int8=config.int8, bf16=bf16)
+        return cls(runtime=resolve_encoder_runtime(config.runtime, config.device, bf16), int8=config.int8, bf16=bf16)
 
     @property
     def precision(self) -> str:
@@ -73,7 +73,7 @@ def load_scorer(folder: str, device: str, scoring: ScoringSettings):
             raise ValueError(f"cross_encoder runtime {scoring.runtime} {scoring.precision} scores on the CPU; "
                              f"the device is {device!r}")
     if scoring.runtime != "torch":
-        from models.onnx_runtime import OnnxCrossEncoder
+        from models.encoder_runtimes import OnnxCrossEncoder
 
         return OnnxCrossEncoder.from_model(model, int8=scoring.int8, runtime=scoring.runtime, bf16=scoring.bf16)
     if scoring.int8:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.generator_runtime import GeneratorPrecision, GeneratorRuntime, load_on_runtime, resolve_generator_runtime
 from storage import Artifact
 from storage.parquet import write_table
 from storage.shards import move_shards_into
@@ -59,12 +60,12 @@ class GenerateConfig(_Strict):
         "with max_passages: the passages of these splits' articles first, the rest a seeded sample (corpus text "
         "only: their questions are never read)"))
     device: str = Field("auto", description="'auto' picks CUDA when present")
-    # Resolved when the run is planned (models/generator_runtime.py `resolve_runtime`): the version
+    # Resolved when the run is planned (models/generator_runtime.py `resolve_generator_runtime`): the version
     # hashes the runtime and precision that sample, since they change the questions.
-    runtime: Literal["auto", "torch", "ctranslate2", "llamacpp"] = Field("auto", description=(
+    runtime: GeneratorRuntime = Field("auto", description=(
         "'auto': on a CPU, for a Llama-family causal generator (e.g. smollm2), llamacpp when llama_cpp imports, else "
         "ctranslate2 when it imports; else torch"))
-    compute_type: Literal["auto", "int8", "float32", "bfloat16"] = Field("auto", description=(
+    compute_type: GeneratorPrecision = Field("auto", description=(
         "llamacpp's and ctranslate2's precision ('auto': int8, llama.cpp's q8_0, or for llamacpp bfloat16 where the CPU "
         "and the llama.cpp build have AVX-512 bf16; bfloat16: llamacpp only); torch always generates in float32"))
 
@@ -108,11 +109,9 @@ class SyntheticPairsParams(StageParams):
 
 def resolved_generate(q: QgenConfig) -> GenerateConfig:
     """`q.generate` with its runtime and precision resolved for this machine and generator."""
-    from models.generator_runtime import resolve_runtime
-
     g = q.generate
     device = resolve_device(g.device) if g.runtime == "auto" else g.device
-    runtime, compute_type = resolve_runtime(g.runtime, g.compute_type, q.generator, q.kind, device)
+    runtime, compute_type = resolve_generator_runtime(g.runtime, g.compute_type, q.generator, q.kind, device)
     return g.model_copy(update={"runtime": runtime, "compute_type": compute_type})
 
 
@@ -192,17 +191,8 @@ def _generate_shard(job: _GenerateJob, spec: tuple[int, list, list, list]) -> pa
     g, device = job.generate, resolve_device(job.generate.device)
 
     def load():
-        generator = load_generator(job.source, job.kind, job.prefix)
-        if g.runtime == "llamacpp":
-            from models.llamacpp_generator import load_llamacpp_generator
-
-            return load_llamacpp_generator(generator, job.source, g.compute_type, threads)
-        if g.runtime == "ctranslate2":
-            from models.ct2_generator import load_ct2_generator
-
-            return load_ct2_generator(generator, job.source, g.compute_type, device, threads)
-        generator.model.to(device).eval()
-        return generator
+        return load_on_runtime(load_generator(job.source, job.kind, job.prefix), job.source, g.runtime,
+                               g.compute_type, device, threads)
 
     # runners pin torch's threads per shard (models/threads.py); CTranslate2 takes that count when
     # built, so it is part of the key

@@ -7,6 +7,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.encoder_runtimes import EncoderRuntime
 from tasks.silver.classifier import ClassifierTrainArgs
 
 
@@ -38,7 +39,7 @@ class CrossEncoderConfig(BaseModel):
     report_max_questions: Optional[int] = Field(300, ge=1, description="report on at most this many of them")
     batch_size: int = Field(64, ge=1, description="pairs per scoring batch")
     device: str = Field("auto", description="auto, cpu or cuda")
-    runtime: Literal["auto", "torch", "onnx", "openvino"] = Field(
+    runtime: EncoderRuntime = Field(
         "auto", description="scoring runtime (silver, rerank, the negatives' judge): torch (the reference), onnx "
                             "(ONNX Runtime, CPU) or openvino (OpenVINO, CPU; fp32 or bf16); auto: openvino at bf16 "
                             "where the CPU has bf16 units, torch elsewhere (measured in docs/benchmarks.md, "

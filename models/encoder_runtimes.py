@@ -16,7 +16,7 @@ with small weights from losing their precision to a few large ones.
 OpenVINO compiles the same cached ONNX file for the CPU with an explicit precision hint (f32, or
 bf16 where the CPU has bf16 units: its default there, made explicit so a version hashes what ran).
 OpenVINO at bf16 is what `auto` runs for encoding and scoring on CPUs with bf16 units
-(`resolve_runtime`; measured in docs/benchmarks.md, "CPU runtimes", by benchmarks/runtime_encoding.py).
+(`resolve_encoder_runtime`; measured in docs/benchmarks.md, "CPU runtimes", by benchmarks/runtime_encoding.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import tempfile
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 import torch
@@ -38,7 +38,9 @@ from .runtime_cache import cached_conversion
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
-_RUNTIMES = ("torch", "onnx", "openvino")
+#: what a config may name for encoding and scoring; planning resolves 'auto' (resolve_encoder_runtime)
+EncoderRuntime = Literal["auto", "torch", "onnx", "openvino"]
+_RUNTIMES = get_args(EncoderRuntime)[1:]
 
 
 def onnx_available() -> bool:
@@ -77,7 +79,7 @@ def openvino_available() -> bool:
     return onnx_available()
 
 
-def resolve_runtime(runtime: str, device: str, bf16: bool = False) -> str:
+def resolve_encoder_runtime(runtime: str, device: str, bf16: bool = False) -> str:
     """`auto` made concrete at planning, so the resolved runtime is what a version hashes. Without
     bf16 units auto is torch: ONNX Runtime's fp32 gains little over it, its dynamic int8 scales a
     batch's activations by one value (a passage's vector then depends on its batch neighbours, and

@@ -1,4 +1,4 @@
-"""ONNX Runtime inference (models/onnx_runtime.py): exports checked against torch, int8 close by
+"""ONNX Runtime inference (models/encoder_runtimes.py): exports checked against torch, int8 close by
 cosine, the conversion cache, `auto` resolution and the hashed runtime of encode and scoring."""
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ import torch
 
 from models import BiEncoder
 from models.cross_encoder import CrossEncoderModel
-from models.onnx_runtime import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, openvino_available,
-                                 resolve_runtime)
+from models.encoder_runtimes import (OnnxBiEncoder, OnnxCrossEncoder, export_checked, onnx_available, openvino_available,
+                                 resolve_encoder_runtime)
 from tasks.compute.bi_encoder import encode_side, for_inference
 
 pytestmark = pytest.mark.skipif(not onnx_available(), reason="onnx / onnxruntime not installed")
@@ -78,7 +78,7 @@ def test_cross_encoder_logits_match_torch_and_int8_probabilities_stay_close(chec
 
 
 def test_conversions_are_cached_per_weights(checkpoint, monkeypatch):
-    import models.onnx_runtime as ort_module
+    import models.encoder_runtimes as ort_module
 
     calls = []
     real = ort_module.export_checked
@@ -111,7 +111,7 @@ def bf16_units(monkeypatch):
     import models.cpu_features as cpu_features
 
     def pin(present: bool, openvino: bool = True):
-        import models.onnx_runtime as ort_module
+        import models.encoder_runtimes as ort_module
 
         monkeypatch.setattr(cpu_features, "has_bf16_units", lambda: present)
         monkeypatch.setattr(ort_module, "openvino_available", lambda: openvino)
@@ -119,31 +119,31 @@ def bf16_units(monkeypatch):
 
 
 def test_auto_resolves_per_device_and_precision(monkeypatch, bf16_units):
-    import models.onnx_runtime as ort_module
+    import models.encoder_runtimes as ort_module
 
     bf16_units(False)
-    assert resolve_runtime("auto", "cpu") == "torch"  # ORT at parity on the CPUs measured: no export to pay for
-    assert resolve_runtime("onnx", "cpu") == "onnx"
-    assert resolve_runtime("auto", "cuda") == "torch"
-    assert resolve_runtime("auto", "cpu", bf16=True) == "torch"
-    assert resolve_runtime("torch", "cpu") == "torch"
+    assert resolve_encoder_runtime("auto", "cpu") == "torch"  # ORT at parity on the CPUs measured: no export to pay for
+    assert resolve_encoder_runtime("onnx", "cpu") == "onnx"
+    assert resolve_encoder_runtime("auto", "cuda") == "torch"
+    assert resolve_encoder_runtime("auto", "cpu", bf16=True) == "torch"
+    assert resolve_encoder_runtime("torch", "cpu") == "torch"
     with pytest.raises(ValueError, match="CPU"):
-        resolve_runtime("onnx", "cuda")
+        resolve_encoder_runtime("onnx", "cuda")
     with pytest.raises(ValueError, match="bf16"):
-        resolve_runtime("onnx", "cpu", bf16=True)
+        resolve_encoder_runtime("onnx", "cpu", bf16=True)
     bf16_units(True)  # bf16 units (AMX, avx512_bf16): OpenVINO at bf16, torch bf16 without OpenVINO, fp32 stays torch
-    assert resolve_runtime("auto", "cpu", bf16=True) == "openvino"
-    assert resolve_runtime("auto", "cpu", bf16=False) == "torch" and resolve_runtime("auto", "cuda", bf16=True) == "torch"
-    assert resolve_runtime("torch", "cpu", bf16=True) == "torch" and resolve_runtime("openvino", "cpu") == "openvino"
+    assert resolve_encoder_runtime("auto", "cpu", bf16=True) == "openvino"
+    assert resolve_encoder_runtime("auto", "cpu", bf16=False) == "torch" and resolve_encoder_runtime("auto", "cuda", bf16=True) == "torch"
+    assert resolve_encoder_runtime("torch", "cpu", bf16=True) == "torch" and resolve_encoder_runtime("openvino", "cpu") == "openvino"
     with pytest.raises(ValueError, match="CPU"):
-        resolve_runtime("openvino", "cuda")
+        resolve_encoder_runtime("openvino", "cuda")
     bf16_units(True, openvino=False)
-    assert resolve_runtime("auto", "cpu", bf16=True) == "torch"
+    assert resolve_encoder_runtime("auto", "cpu", bf16=True) == "torch"
     with pytest.raises(ValueError, match="openvino"):
-        resolve_runtime("openvino", "cpu")
+        resolve_encoder_runtime("openvino", "cpu")
     monkeypatch.setattr(ort_module, "onnx_available", lambda: False)
     with pytest.raises(ValueError, match="onnxruntime"):
-        resolve_runtime("onnx", "cpu")
+        resolve_encoder_runtime("onnx", "cpu")
 
 
 def test_the_resolved_runtime_is_hashed_where_it_changes_outputs(bf16_units):
@@ -281,7 +281,7 @@ def test_openvino_imports_without_sending_its_usage_event(tmp_path):
     code = ("import multiprocessing\n"
             "started = []\n"
             "multiprocessing.Process.start = lambda self: started.append(self)\n"
-            "from models.onnx_runtime import import_openvino\n"
+            "from models.encoder_runtimes import import_openvino\n"
             "import_openvino()\n"
             "print(len(started))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
