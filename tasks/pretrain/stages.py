@@ -180,11 +180,10 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     model = BiEncoder.from_pretrained(c.base, pooling="cls")
     loss = build_pretraining_loss(c.objective, model, **c.loss_options())
     head_from_checkpoint = load_bert_mlm_head(loss.mlm_head, resolve_checkpoint(c.base))
-    args = TrainerArgs(**c.model_dump(include=set(TrainerArgs.model_fields)))
     contexts = sum(len(e.queries) for e in examples) / len(examples)
     logger.info("pretrain %s: %s (%s objective) on %d passages, %.2f contexts each, batch %d", c.name, c.form,
                 c.objective, len(examples), contexts, c.batch_size)
-    result = train_bi_encoder(model, loss, examples, args, work / "training", progress=False,
+    result = train_bi_encoder(model, loss, examples, c, work / "training", progress=False,
                               device=resolve_device(params.device))
     save_base_checkpoint(model, out / "model")
     keep_record(work / "training", out)

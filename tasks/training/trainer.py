@@ -199,7 +199,8 @@ def run_training(
     callbacks: Sequence[TrainerCallback] = (),
     loss_inputs: Callable[[tuple], tuple] | None = None,
     gradient_checkpointing: bool = False,
-    eval_at_start: bool = False,
+    *,
+    eval_at_start: bool,  # no default: each trainer's settings decide it, so no second default can differ
     desc: str = "train",
 ) -> dict:
     """The training loop every model of the project shares (the bi-encoder's, the cross-encoder's,
