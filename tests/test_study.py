@@ -248,3 +248,13 @@ def test_counts_print_in_full_and_ratios_to_four_digits():
 
     assert count_or_ratio(13886) == "13,886" and count_or_ratio(13886.4) == "13,886"
     assert count_or_ratio(1.998) == "1.998" and count_or_ratio(0.60417) == "0.6042" and count_or_ratio(2) == "2"
+
+
+def test_a_resumed_trainers_build_time_counts_the_attempts_before_it():
+    from flows.study.measure import build_seconds
+
+    resumed = {"timings": {"build_s": 100.0}, "stats": {"seconds": 90.0, "seconds_all_attempts": 250.0}}
+    assert build_seconds(resumed) == pytest.approx(260.0)
+    assert build_seconds({"timings": {"build_s": 100.0}, "stats": {"seconds": 90.0, "seconds_all_attempts": 90.0}}) == 100.0
+    assert build_seconds({"timings": {"build_s": 4.0}, "stats": {"rows": 3}}) == 4.0
+    assert build_seconds({"stats": {}}) is None

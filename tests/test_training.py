@@ -20,6 +20,7 @@ from tasks.training import (  # noqa: E402
 )
 from tasks.training import train_bi_encoder as _train_bi_encoder  # noqa: E402
 from tasks.training.callbacks import TrainerCallback  # noqa: E402
+from tasks.training.checkpoints import STATE_NAME  # noqa: E402
 from tests.crash import Crash, crash_at  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
@@ -198,6 +199,10 @@ def test_resume_continues_exactly(checkpoint, tmp_path):
     second = new_model(checkpoint, seed=3)
     result = train_bi_encoder(second, InBatchSoftmaxLoss(second), examples, args, tmp_path / "two", progress=False)
     assert result["resumed_from"].endswith("step-0000004")
+    # the first attempt's 4 steps count in the whole training time, not in this call's
+    first_part = torch.load(tmp_path / "two" / "checkpoints" / "step-0000004" / STATE_NAME,
+                            weights_only=False)["seconds_so_far"]
+    assert first_part > 0 and result["seconds_all_attempts"] == pytest.approx(first_part + result["seconds"])
     for (name, a), (_, b) in zip(one.state_dict().items(), second.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), name
     hist_one = json.loads((tmp_path / "one" / "history.json").read_text())["history"]

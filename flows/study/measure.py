@@ -32,6 +32,15 @@ def row_artifact(plan: Plan, store: ArtifactStore, row: Row):
     return store.get(stage.artifact, plan.planned_version(stage.name))
 
 
+def build_seconds(manifest: dict) -> float | None:
+    """The build's wall time, plus, for a trainer that resumed, the training time of the attempts
+    before it (a resumed build's own clock saw only its last part)."""
+    build_s = (manifest.get("timings") or {}).get("build_s")
+    stats = manifest.get("stats") or {}
+    earlier = (stats.get("seconds_all_attempts") or 0.0) - (stats.get("seconds") or 0.0)
+    return build_s + earlier if build_s is not None and earlier > 0 else build_s
+
+
 def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
     """Each needed step's build as its manifest recorded it (the run that built it, on this root)."""
     out = []
@@ -42,7 +51,7 @@ def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
             raise RuntimeError(f"row {row.name!r}: step {name} ({stage.artifact} {version}) is not built in {store.root}")
         manifest = artifact.manifest
         out.append({"step": name, "artifact": stage.artifact, "version": version,
-                    "build_s": (manifest.get("timings") or {}).get("build_s"), "rows": manifest.get("rows"),
+                    "build_s": build_seconds(manifest), "rows": manifest.get("rows"),
                     "created_at": manifest.get("created_at")})
     return out
 

@@ -194,7 +194,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
                       "final_terms": {k: float(v) for k, v in loss.last_terms.items()},
                       "mask_rate": c.mask_rate, "middle_layer": getattr(loss, "middle_layer", None),
                       "mlm_head": "checkpoint" if head_from_checkpoint else "fresh",
-                      "seconds": result["seconds"], "passages_per_second": result.get("pairs_per_second"),
+                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"], "passages_per_second": result.get("pairs_per_second"),
                       "resumed_from": result.get("resumed_from")}}
 
 

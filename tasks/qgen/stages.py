@@ -142,7 +142,8 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
     keep_record(train_dir, out)
     return {"stats": {"train_pairs": len(train), "dev_pairs": len(dev), "best_step": result["best_step"],
-                      "best_dev_loss": result["best_metric"], "dev_curve": result["dev_curve"], "seconds": result["seconds"]}}
+                      "best_dev_loss": result["best_metric"], "dev_curve": result["dev_curve"], "seconds": result["seconds"],
+                      "seconds_all_attempts": result["seconds_all_attempts"]}}
 
 
 def sample_passages(passages: pa.Table, limit: Optional[int], seed: int,

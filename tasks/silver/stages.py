@@ -108,7 +108,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     return {"stats": {"training_pairs": len(train), "dev_pairs": len(dev), "sources": source_counts(train),
                       "steps": len(result["history"]), "best_step": result["best_step"], "selected_by": c.select_by,
                       "dev_auc": best.get("auc"), "dev_log_loss": best.get("log_loss"), "dev_curve": curve,
-                      "seconds": result["seconds"],
+                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"],
                       "report_split": c.report_split, "report_pairs": len(report_pairs),
                       "dual_encoder_threshold": threshold, "report": report}}
 

@@ -191,7 +191,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
                       "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
                       "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
-                      "seconds": result["seconds"],
+                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"],
                       **({"teacher": teacher_summary(result["teacher_rows"])} if t.distils else {})}}
 
 

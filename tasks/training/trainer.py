@@ -216,8 +216,9 @@ def run_training(
 
     Returns {history: [{step, loss, lr[, dev_metric, dev_metrics]}], best_step, best_metric,
     start_metric (the step-0 evaluation's), dev_curve: [(step, metric)], seconds,
-    pairs_per_second, total_steps, resumed_from}; history and dev_curve span the whole run, the
-    parts before a resume included, while seconds and pairs_per_second measure this call. `lr` is
+    seconds_all_attempts, pairs_per_second, total_steps, resumed_from}; history and dev_curve span
+    the whole run, the parts before a resume included, while seconds and pairs_per_second measure
+    this call and seconds_all_attempts adds the training time of the attempts it resumed. `lr` is
     the rate used for that step's update. out_dir gets checkpoints/, best/ (best model; the final
     one without an evaluator), final/, history.json and loss_curve.png. A run resumes only the run
     that wrote the checkpoint (the same number of steps; the sampler checks its examples). Progress:
@@ -267,6 +268,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
     best_step: int | None = None
     best_metric: float | None = None
     resumed_from = None
+    seconds_before = 0.0   # the training time of the attempts a resumed run continues
 
     ckpt = ranks.broadcast(latest_checkpoint(out_dir))  # rank 0's choice: every rank resumes from it
     if ckpt is not None:
@@ -292,6 +294,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         dev_curve = [(int(s), float(m)) for s, m in state.get("dev_curve", [])]
         best_step, best_metric = state.get("best_step"), state.get("best_metric")
         resumed_from = str(ckpt)
+        seconds_before = float(state.get("seconds_so_far", 0.0))   # older checkpoints do not say: 0
         if ranks.main:
             log.info("resuming from %s (step %d)", ckpt, step)
     if ranks.main:
@@ -311,6 +314,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
                 "step": step, "sampler": sampler.state_dict(), "collator": collate.state_dict(),
                 "rng": rng_states(), "history": history, "dev_curve": dev_curve, "best_step": best_step,
                 "best_metric": best_metric, "total_steps": total_steps, "args": args.model_dump(),
+                "seconds_so_far": seconds_before + time.perf_counter() - started,
             }, tmp / STATE_NAME)
 
         write_checkpoint(out_dir, step, write, args.keep_checkpoints)
@@ -413,6 +417,7 @@ def _training_loop(model, loss_fn, examples, sampler, collate, args: ScheduleArg
         "start_metric": next((m for s, m in dev_curve if s == 0), None),
         "dev_curve": dev_curve,
         "seconds": seconds,
+        "seconds_all_attempts": seconds_before + seconds,
         "pairs_per_second": examples_run / seconds if seconds > 0 and steps_run else 0.0,
         "total_steps": total_steps,
         "resumed_from": resumed_from,
