@@ -258,3 +258,30 @@ def test_a_resumed_trainers_build_time_counts_the_attempts_before_it():
     assert build_seconds({"timings": {"build_s": 100.0}, "stats": {"seconds": 90.0, "seconds_all_attempts": 90.0}}) == 100.0
     assert build_seconds({"timings": {"build_s": 4.0}, "stats": {"rows": 3}}) == 4.0
     assert build_seconds({"stats": {}}) is None
+
+
+def test_a_part_built_step_is_priced_at_what_its_latest_checkpoint_leaves(repo, tmp_path_factory):
+    import torch
+
+    from flows.study.status import RESUMABLE, Plans, open_store, row_status
+    from storage.paths import work_dir
+    from tasks.training.checkpoints import training_progress
+
+    checkout, study = repo
+    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
+    records = {"r": {"recorded_at": "2026-12-01T00:00:00+00:00", "machine": ZEN3,
+                     "stages": [{"step": s, "version": "v", "build_s": 600.0} for s in steps]}}
+    root = tmp_path_factory.mktemp("root")
+    plan = Plans(study)(study.row("bm25"))
+    stage = plan["bm25_search"]
+    work = work_dir(root, stage.artifact, plan.planned_version("bm25_search"))
+    checkpoint = work / "training" / "checkpoints" / "step-0000030"
+    checkpoint.mkdir(parents=True)
+    assert training_progress(work) is None   # a folder without its state is no checkpoint
+    torch.save({"step": 30, "total_steps": 40}, checkpoint / "trainer_state.pt")
+    assert training_progress(work) == (30, 40)
+    status = row_status(study.row("bm25"), plan, open_store(root), records, ZEN3)
+    assert status.state == RESUMABLE and "bm25_search (step 30 of 40) part-built" in status.detail
+    left = {price.step: price for price in status.left}
+    assert left["bm25_search"].seconds == pytest.approx(150.0) and "from step 30 of 40" in left["bm25_search"].basis
+    assert left["chunk"].seconds == pytest.approx(600.0)   # a step with no work folder: its whole price

@@ -5,7 +5,7 @@ scaled by the two machines' fp32 matrix-product probes (unscaled where a record 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SEED_SUFFIX = re.compile(r"-s\d+\b")
 
@@ -47,6 +47,16 @@ def price_step(step: str, measured: dict[str, list[tuple[dict, dict]]], machine:
 def price_steps(steps: list[str], records: dict[str, dict], machine: dict) -> list[StepPrice]:
     measured = measured_steps(records)
     return [price_step(step, measured, machine) for step in steps]
+
+
+def remaining(price: StepPrice, progress: tuple[int, int] | None) -> StepPrice:
+    """What is left of a part-built step: its price times the share of its steps a checkpoint has
+    not reached (a resumed build continues from there), or the whole price where none says."""
+    if price.seconds is None or not progress:
+        return price
+    step, total = progress
+    left = max(0.0, 1.0 - step / total)
+    return replace(price, seconds=price.seconds * left, basis=f"{price.basis}; from step {step} of {total}")
 
 
 def total_seconds(prices: list[StepPrice]) -> float | None:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.study.definition import Row, Study
-from flows.study.estimate import StepPrice, format_duration, price_steps, total_seconds
+from flows.study.estimate import StepPrice, format_duration, price_steps, remaining, total_seconds
 from flows.study.measure import planned_steps
 from storage import ArtifactStore
 from storage.paths import work_dir
 from tasks.engine import Plan
+from tasks.training.checkpoints import training_progress
 
 MEASURED, RESUMABLE, BUILT, NOT_STARTED = "measured", "resumable", "built, not recorded", "not started"
 
@@ -67,20 +68,26 @@ def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[
         from tasks.engine import not_needed
 
         steps = [s for s in steps if s not in not_needed(plan, store, steps)]
-    built, in_flight = [], []
+    built, in_flight = [], {}
     for name in steps:
         stage, version = plan[name], plan.planned_version(name)
         if store is not None and store.get(stage.artifact, version) is not None:
             built.append(name)
-        elif store is not None and _has_work(work_dir(store.root, stage.artifact, version)):
-            in_flight.append(name)
-    left = price_steps([s for s in steps if s not in built], records, machine)
+        elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
+            in_flight[name] = training_progress(work)
+    left = [remaining(price, in_flight.get(price.step))
+            for price in price_steps([s for s in steps if s not in built], records, machine)]
     if len(built) == len(steps):
         return RowStatus(row, BUILT, "its artifact is in the local root", left)
     if built or in_flight:
-        detail = f"{len(built)} of {len(steps)} steps built" + (f"; {', '.join(in_flight)} part-built" if in_flight else "")
+        part_built = ", ".join(_part_built(step, progress) for step, progress in in_flight.items())
+        detail = f"{len(built)} of {len(steps)} steps built" + (f"; {part_built} part-built" if in_flight else "")
         return RowStatus(row, RESUMABLE, detail, left)
     return RowStatus(row, NOT_STARTED, f"{len(steps)} steps", left)
+
+
+def _part_built(step: str, progress: tuple[int, int] | None) -> str:
+    return f"{step} (step {progress[0]} of {progress[1]})" if progress else step
 
 
 def _has_work(folder: Path) -> bool:

@@ -46,3 +46,17 @@ def remove_interrupted_saves(out_dir: Path) -> None:
     root = Path(out_dir) / CHECKPOINTS
     for stale in root.glob(f"{TMP_DIR_PREFIX}*") if root.is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def training_progress(folder: Path) -> tuple[int, int] | None:
+    """(step, total steps) of the latest checkpoint of a training run anywhere below `folder` (a
+    resumable stage's work folder), or None where there is none or it does not say its total."""
+    import torch
+
+    latest = max((found for root in Path(folder).rglob(CHECKPOINTS) if root.is_dir()
+                  for found in list_checkpoints(root.parent)), default=None, key=lambda found: found[0])
+    if latest is None:
+        return None
+    state = torch.load(latest[1] / STATE_NAME, map_location="cpu", weights_only=False)
+    total = state.get("total_steps")
+    return (int(state.get("step", latest[0])), int(total)) if total else None
