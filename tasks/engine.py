@@ -7,7 +7,8 @@ that only say how to compute (device, threads, shard size) are declared in the p
 `RUNTIME` and left out of the hash; everything else is hashed. A field added to a params model
 (or to any model nested in one) after versions were built without it is declared in that model's
 `ADDED` with the value those versions had: while it holds that value it stays out of the hash, so
-they keep their versions (`without_added`).
+they keep their versions (`without_added`). A field that regroups a model's fields into a nested
+model is named in that model's `INLINE`, and hashes as the fields it holds (`with_inlined`).
 Stage families (tasks/<family>/stages.py) import this module; flows/ assembles them.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StageParams(BaseModel):
             for parent in parents:
                 node = node.setdefault(parent, {})
             node[leaf] = True
-        return without_added(self, self.model_dump(mode="json", exclude=exclude))
+        return with_inlined(self, without_added(self, self.model_dump(mode="json", exclude=exclude)))
 
 
 def without_added(model: BaseModel, dumped: dict) -> dict:
@@ -51,7 +52,7 @@ def without_added(model: BaseModel, dumped: dict) -> dict:
     out = dict(dumped)
     for name in type(model).model_fields:
         if name in out:
-            out[name] = _without_added_in(getattr(model, name), out[name])
+            out[name] = _in_nested_models(getattr(model, name), out[name], without_added)
     for dotted, value in getattr(type(model), "ADDED", {}).items():
         *parents, leaf = dotted.split(".")
         node = out
@@ -62,14 +63,30 @@ def without_added(model: BaseModel, dumped: dict) -> dict:
     return out
 
 
-def _without_added_in(value: Any, dumped: Any) -> Any:
+def _in_nested_models(value: Any, dumped: Any, rule: Callable[[BaseModel, dict], dict]) -> Any:
+    """`dumped` (`value`'s dump) with `rule` applied to every model inside it, through lists and dicts."""
     if isinstance(value, BaseModel) and isinstance(dumped, dict):
-        return without_added(value, dumped)
+        return rule(value, dumped)
     if isinstance(value, (list, tuple)) and isinstance(dumped, list) and len(value) == len(dumped):
-        return [_without_added_in(v, d) for v, d in zip(value, dumped)]
+        return [_in_nested_models(v, d, rule) for v, d in zip(value, dumped)]
     if isinstance(value, dict) and isinstance(dumped, dict):
-        return {k: _without_added_in(value.get(k), d) for k, d in dumped.items()}
+        return {k: _in_nested_models(value.get(k), d, rule) for k, d in dumped.items()}
     return dumped
+
+
+def with_inlined(model: BaseModel, dumped: dict) -> dict:
+    """`dumped` (`model`'s JSON dump) with each field that `model`, or a model nested in it, names
+    in its `INLINE` replaced by that field's own fields, as if they sat beside the others (a
+    section regrouped into a nested object keeps the versions planned before)."""
+    out = {name: _in_nested_models(getattr(model, name, None), value, with_inlined) for name, value in dumped.items()}
+    for name in getattr(type(model), "INLINE", ()):
+        inner = out.pop(name, None)
+        if isinstance(inner, dict):
+            clash = sorted(set(inner) & set(out))
+            if clash:
+                raise ValueError(f"{type(model).__name__}.{name}: {clash} also sit beside it; it cannot be inlined")
+            out.update(inner)
+    return out
 
 
 class NoParams(StageParams):

@@ -49,10 +49,10 @@ def test_recipes_extend_the_default_and_follow_their_papers():
     dpr = load_config(CONFIGS / "dpr.yaml")
     assert dpr.data == default.data and dpr.split == default.split  # inherited, not copied
     (system,) = dpr.dense.systems
-    assert (system.model.shared, system.model.pooling, system.train.loss, system.train.hard_negatives) == (False, "cls", "dpr", 1)
+    assert (system.model.shared, system.model.pooling, system.train.loss, system.train.schedule.hard_negatives) == (False, "cls", "dpr", 1)
     (bidi,) = load_config(CONFIGS / "bidirectional.yaml").dense.systems
     assert (bidi.model.shared, bidi.model.pooling, bidi.model.projection_dim, bidi.train.loss) == (True, "cls", 384, "bidirectional")
-    paper = {s.name: s.train for s in load_config(CONFIGS / "paper-scale.yaml").dense.systems if s.train}
+    paper = {s.name: s.train.schedule for s in load_config(CONFIGS / "paper-scale.yaml").dense.systems if s.train}
     assert {(t.batch_size, t.epochs, t.lr) for t in paper.values()} == {(128, 40, 3e-5)}
 
 
@@ -110,8 +110,9 @@ def test_the_demo_runs_every_stage_of_the_embedded_default_on_less_work():
     for small, full in zip(demo.dense.systems, default.dense.systems, strict=True):
         assert small.model_dump(exclude={"train"}) == full.model_dump(exclude={"train"})
         if full.train is not None:
-            assert small.train.max_steps < full.train.max_steps
-            assert small.train.model_dump(exclude={"max_steps"}) == full.train.model_dump(exclude={"max_steps"})
+            assert small.train.schedule.max_steps < full.train.schedule.max_steps
+            assert small.train.model_dump(exclude={"schedule": {"max_steps"}}) == \
+                full.train.model_dump(exclude={"schedule": {"max_steps"}})
     assert "configs/demo.yaml" in (CONFIGS.parent / "Makefile").read_text()
 
 

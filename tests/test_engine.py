@@ -18,7 +18,8 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    # the classifier trains and reports with torch: how later stages score is theirs to hash
                    "config.runtime", "config.int8", "config.bf16",
                    # checkpointing decides what a killed trainer resumes from, not what it trains
-                   "train.checkpoint_every", "train.keep_checkpoints", "config.train.checkpoint_every",
+                   "train.checkpoint_every", "train.keep_checkpoints", "train.schedule.checkpoint_every",
+                   "train.schedule.keep_checkpoints", "config.train.checkpoint_every",
                    "config.train.keep_checkpoints",
                    # a model folder's path (its digest is hashed): the generated queries' miner, an imported classifier
                    "synthetic.miner_origin.init_path", "folder", "start_folder",
@@ -64,9 +65,9 @@ CASES = [
     ("train:tr", {"dense.encode.passage_max_len": 128}, {"dense.index.kind": "hnsw"}),
     ("train:tr", {"dense.encode.query_max_len": 16}, {"dense.encode.shard_size": 10}),
     ("train:tr", {"dense.encode.batch_size": 8}, {"dense.hybrid.tune_k": 5}),
-    ("train:tr", {"dense.systems.1.train.lr": 1e-4}, {"dense.systems.0.model.pooling": "cls"}),
+    ("train:tr", {"dense.systems.1.train.schedule.lr": 1e-4}, {"dense.systems.0.model.pooling": "cls"}),
     ("encode:zs", {"dense.encode.passage_max_len": 128}, {"dense.index.kind": "hnsw"}),
-    ("encode:tr", {"dense.encode.dtype": "float16"}, {"dense.systems.1.train.lr": 1e-4}),
+    ("encode:tr", {"dense.encode.dtype": "float16"}, {"dense.systems.1.train.schedule.lr": 1e-4}),
     ("index:zs", {"dense.index.kind": "hnsw"}, {"dense.encode.batch_size": 8}),
     ("search:zs", {"dense.encode.query_max_len": 16}, {"dense.index.kind": "hnsw"}),
     ("hybrid", {"dense.hybrid.tune_k": 5}, {"dense.encode.batch_size": 8}),
@@ -75,8 +76,8 @@ CASES = [
     ("cross_encoder", {"cross_encoder.train.lr": 1e-4}, {"silver.top_k": 5}),
     ("cross_encoder", {"cross_encoder.dev_share": 0.2}, {"cross_encoder.device": "cpu"}),
     ("cross_encoder", {"cross_encoder.select_by": "log_loss"}, {"cross_encoder.train.checkpoint_every": 7}),
-    ("train:tr", {"dense.systems.1.train.passage_max_len": 100}, {"dense.systems.1.train.checkpoint_every": 3}),
-    ("evaluate", {"evaluation.compare": [["tr", "zs"]]}, {"dense.systems.1.train.keep_checkpoints": 4}),
+    ("train:tr", {"dense.systems.1.train.schedule.passage_max_len": 100}, {"dense.systems.1.train.schedule.checkpoint_every": 3}),
+    ("evaluate", {"evaluation.compare": [["tr", "zs"]]}, {"dense.systems.1.train.schedule.keep_checkpoints": 4}),
     ("pairs:silver", {"silver.threshold": 0.6}, {"cross_encoder.train.lr": 1e-4}),
     ("pairs:silver", {"silver.retriever": "zs"}, {"silver.shard_size": 10}),
     ("rerank:hybrid-tr-rerank", {"rerank.0.depth": 5}, {"rerank.0.shard_questions": 10}),
@@ -262,3 +263,42 @@ def test_a_field_added_later_stays_out_of_the_hash_only_at_the_value_older_versi
     assert changed == {"inner": {"kept": 1, "newer": True}, "inners": [{"kept": 1}, {"kept": 1, "newer": True}],
                        "plain": {"queries": "synthetic"}, "extra": 3}
     assert Params().model_dump()["extra"] is None   # only the hash leaves it out, not the dump
+
+
+def test_a_regrouped_model_hashes_as_the_fields_it_holds():
+    from typing import ClassVar
+
+    from pydantic import BaseModel
+
+    from tasks.engine import StageParams
+
+    class Schedule(BaseModel):
+        lr: float = 1e-4
+        seed: int = 1
+        every: int = 5
+
+    class Section(BaseModel):
+        loss: str = "dpr"
+        schedule: Schedule = Schedule()
+        INLINE: ClassVar[frozenset] = frozenset({"schedule"})
+
+    class Params(StageParams):
+        train: Section = Section()
+        RUNTIME = frozenset({"train.schedule.every"})
+
+    class Flat(StageParams):   # the section as it was before the regrouping
+        train: dict = {"loss": "dpr", "lr": 1e-4, "seed": 1}
+
+    assert Params().hashed() == {"train": {"loss": "dpr", "lr": 1e-4, "seed": 1}} == Flat().hashed()
+    assert Params(train=Section(schedule=Schedule(seed=2))).hashed()["train"]["seed"] == 2
+
+    class Clashing(BaseModel):
+        seed: int = 3
+        schedule: Schedule = Schedule()
+        INLINE: ClassVar[frozenset] = frozenset({"schedule"})
+
+    class Bad(StageParams):
+        train: Clashing = Clashing()
+
+    with pytest.raises(ValueError, match=r"Clashing.schedule: \['seed'\] also sit beside it"):
+        Bad().hashed()

@@ -64,11 +64,11 @@ def test_training_cuts_where_encoding_cuts_unless_told(tiny_checkpoint):
     cfg = _config(tiny_checkpoint)
     cfg.dense.encode.passage_max_len, cfg.dense.encode.query_max_len = 200, 48
     train = plan_for(cfg)["train:trained"].params.train
-    assert (train.passage_max_len, train.query_max_len) == (200, 48)
+    assert (train.schedule.passage_max_len, train.schedule.query_max_len) == (200, 48)
     told = plan_for(_config(tiny_checkpoint, passage_max_len=128))["train:trained"].params.train
-    assert (told.passage_max_len, told.query_max_len) == (128, 64)  # tiny.yaml encodes queries at 64
+    assert (told.schedule.passage_max_len, told.schedule.query_max_len) == (128, 64)  # tiny.yaml encodes queries at 64
     for name in ("squad-open", "demo"):  # the shipped defaults train on what the index sees
         shipped = load_config(PROJECT_ROOT / "configs" / f"{name}.yaml")
         for stage in plan_for(shipped):
             if stage.name.startswith("train:"):
-                assert stage.params.train.passage_max_len == shipped.dense.encode.passage_max_len == 256, stage.name
+                assert stage.params.train.schedule.passage_max_len == shipped.dense.encode.passage_max_len == 256, stage.name

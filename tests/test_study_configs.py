@@ -23,17 +23,18 @@ def _trained(cfg):
 
 def test_paper_003_rows_draw_2_of_100_hard_negatives(study):
     for name, system in _trained(study).items():
-        t = system.train
-        if t.hard_negatives and t.loss != "margin_mse" and not name.startswith(("dpr", "xmoco")):
-            assert (t.hard_negatives, t.negative_pool) == (2, 100), name
-        assert t.max_steps is None and t.epochs >= 1 and t.max_questions is None, name  # epochs of every pair
+        t, schedule = system.train, system.train.schedule
+        if schedule.hard_negatives and t.loss != "margin_mse" and not name.startswith(("dpr", "xmoco")):
+            assert (schedule.hard_negatives, t.negative_pool) == (2, 100), name
+        assert schedule.max_steps is None and schedule.epochs >= 1 and t.max_questions is None, name  # epochs of every pair
 
 
 def test_paper_002_rows_draw_15_of_depth_200_at_144_tokens():
     cfg = load_config(CONFIGS / "study-query-as-context.yaml")
     for name, system in _trained(cfg).items():
-        t = system.train
-        assert (t.hard_negatives, t.negative_pool, t.passage_max_len, t.batch_size, t.lr) == (15, 200, 144, 64, 2e-5)
+        t, schedule = system.train, system.train.schedule
+        assert (schedule.hard_negatives, t.negative_pool, schedule.passage_max_len, schedule.batch_size,
+                schedule.lr) == (15, 200, 144, 64, 2e-5)
         assert system.model.pooling == "cls", name
     assert cfg.negatives.bm25.depth == 200 and cfg.bm25.k >= 200
     assert all(d.depth == 200 for n, d in cfg.negatives.dense.items() if n.startswith("mined"))
@@ -45,8 +46,8 @@ def test_every_training_row_runs_at_two_seeds_that_differ_only_by_seed(study):
         if not name.endswith("-s1"):
             continue
         twin = trained[re.sub(r"-s1$", "-s2", name)]
-        assert system.train.seed != twin.train.seed
-        assert system.train.model_dump(exclude={"seed"}) == twin.train.model_dump(exclude={"seed"}), name
+        assert system.train.schedule.seed != twin.train.schedule.seed
+        assert system.train.model_dump(exclude={"schedule": {"seed"}}) == twin.train.model_dump(exclude={"schedule": {"seed"}}), name
         assert system.model == twin.model
         assert (system.init_from or "").replace("-s1", "") == (twin.init_from or "").replace("-s2", "")
 

@@ -257,16 +257,45 @@ def test_shuffled_batches_cut_each_epochs_shuffle_and_resume_mid_epoch():
 
 
 def test_each_setting_of_the_dense_trainer_is_declared_once():
-    """The trainer's schedule, the bi-encoder trainer's settings and the pipeline's train: section
-    declare a field each once (one default, one description): the pipeline's defaults are the
-    trainer's. Only the lengths differ: the pipeline leaves them empty for the encode section's."""
+    """The trainer's schedule and the bi-encoder trainer's settings declare a field each once (one
+    default, one description); the pipeline's train: section holds them as its `schedule` and
+    declares none of them again."""
     from tasks.training.stages import DenseTrainConfig
     from tasks.training.arguments import ScheduleArgs
 
-    chain = (ScheduleArgs, TrainerArgs, DenseTrainConfig)
+    chain = (ScheduleArgs, TrainerArgs)
     declared = [name for cls in chain for name in cls.__annotations__ if name in cls.model_fields]
-    assert {n for n in declared if declared.count(n) > 1} == {"query_max_len", "passage_max_len"}
+    assert len(declared) == len(set(declared))
+    assert not issubclass(DenseTrainConfig, TrainerArgs)
+    assert DenseTrainConfig.model_fields["schedule"].annotation is TrainerArgs
+    assert not set(DenseTrainConfig.model_fields) & set(TrainerArgs.model_fields)
     assert (TrainerArgs().batch_size, TrainerArgs().eval_at_start) == (16, True)
+
+
+def test_the_train_section_reads_the_schedule_flat_or_as_an_object():
+    from pydantic import ValidationError
+
+    from tasks.training.stages import DenseTrainConfig
+
+    flat = DenseTrainConfig(loss="weighted", lr=1e-4, batch_size=8, seed=3)
+    nested = DenseTrainConfig(loss="weighted", schedule={"lr": 1e-4, "batch_size": 8, "seed": 3})
+    both = DenseTrainConfig(loss="weighted", lr=1e-4, schedule={"batch_size": 8, "seed": 3})
+    assert flat == nested == both and flat.schedule.batch_size == 8 and flat.loss == "weighted"
+    assert DenseTrainConfig.model_validate(flat.model_dump()) == flat   # a dump reads back
+    assert DenseTrainConfig(schedule=TrainerArgs(seed=3), lr=1e-4).schedule == TrainerArgs(seed=3, lr=1e-4)
+    with pytest.raises(ValidationError, match="seed: given both in the section and in its schedule"):
+        DenseTrainConfig(seed=1, schedule={"seed": 2})
+    with pytest.raises(ValidationError, match="batch_size"):
+        DenseTrainConfig(batch_size=1)          # the trainer's own bound still holds
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        DenseTrainConfig(learning_rate=1e-4)    # a misspelt setting is refused, as before
+
+
+def test_the_trainer_needs_its_lengths(checkpoint, tmp_path):
+    model = BiEncoder.from_pretrained(checkpoint, pooling="mean", normalize=True, scale=20.0)
+    with pytest.raises(ValueError, match="query_max_len and passage_max_len are needed"):
+        train_bi_encoder(model, InBatchSoftmaxLoss(model), make_examples(n=8, pool=2),
+                         TrainerArgs(batch_size=4, max_steps=1), tmp_path / "out")
 
 
 def test_training_reduces_loss_and_writes_outputs(checkpoint, tmp_path, caplog):

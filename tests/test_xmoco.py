@@ -417,7 +417,7 @@ def test_config_selects_xmoco_and_refuses_a_bad_option(tmp_path):
     systems = {s.name: s for s in cfg.dense.systems}
     xmoco = systems["xmoco"]
     assert xmoco.train.loss == "xmoco" and xmoco.model.shared is False
-    assert xmoco.train.max_steps == systems["dpr"].train.max_steps  # equal steps beside dpr
+    assert xmoco.train.schedule.max_steps == systems["dpr"].train.schedule.max_steps  # equal steps beside dpr
     full = load_config(ROOT / "configs" / "xmoco-full.yaml")
     options = {s.name: s.train.loss_options for s in full.dense.systems if s.train and s.train.loss == "xmoco"}
     assert options and all(o.get("queue_size", QUEUE_SIZE) == 16_384 and o.get("momentum", MOMENTUM) == 0.001

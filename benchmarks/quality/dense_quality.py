@@ -127,7 +127,7 @@ def main(argv=None) -> None:
             result = train_bi_encoder(model, loss_cls(model), examples,
                                       TrainerArgs(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs,
                                                   max_steps=args.max_steps, hard_negatives=1, seed=args.seed,
-                                                  passage_max_len=160),
+                                                  query_max_len=32, passage_max_len=160),
                                       args.out / f"train-{name}", progress=False, device=args.device)
             info[name] = {"train_examples": len(examples), "train_seconds": round(result["seconds"], 1),
                           "pairs_per_second": round(result["pairs_per_second"], 1), "steps": result["total_steps"]}

@@ -107,7 +107,7 @@ def run_seed(cfg, root: str, seed: int | None, split: str) -> tuple[list[dict], 
             parts["pretrain"].append((plan[s.init_from].artifact, versions[s.init_from]))
             seeds.append(plan[s.init_from].params.pretrain.seed)
         if s.train is not None:
-            seeds.append(s.train.seed)
+            seeds.append(s.train.schedule.seed)
         if s.train is not None:
             parts["train"].append((plan[f"train:{system}"].artifact, versions[f"train:{system}"]))
         for kind in ("encode", "index", "search"):

@@ -179,7 +179,8 @@ def run_direct(args, dense_systems: list[dict], stands_for: dict[int, str]) -> N
             examples_by_hard[hard] = training_examples(pool, questions, passages, t["gold"], t["bm25_runs"])
         examples = examples_by_hard[hard]
         trainer_args = TrainerArgs(lr=args.lr, batch_size=args.batch_size, max_steps=args.steps if not args.epochs else None,
-                                   epochs=args.epochs or 1, warmup_ratio=args.warmup_ratio, hard_negatives=hard, seed=42)
+                                   epochs=args.epochs or 1, warmup_ratio=args.warmup_ratio, hard_negatives=hard, seed=42,
+                                   query_max_len=32, passage_max_len=128)
         with tempfile.TemporaryDirectory() as out:
             result = train_bi_encoder(model, loss, examples, trainer_args, out, progress=False, device=args.device)
         train_s[name], steps_run[name] = result["seconds"], result["total_steps"]

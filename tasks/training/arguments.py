@@ -53,13 +53,17 @@ class ScheduleArgs(BaseModel):
 
 
 class TrainerArgs(ScheduleArgs):
-    """The bi-encoder trainer's settings (a pipeline config may subclass it to add its own
-    fields). The device is not a setting of the run: it is `train_bi_encoder(device=...)`."""
+    """The bi-encoder trainer's settings: a dense system's `train.schedule` (written flat in its
+    train section beside the pipeline's own settings). The device is not a setting of the run: it
+    is `train_bi_encoder(device=...)`."""
 
     batch_size: int = Field(16, ge=2, description="questions per step; the others' passages are in-batch negatives")
     hard_negatives: int = Field(2, ge=0, description="N: hard negatives per question per step (paper 003 section 5.3: 2)")
-    query_max_len: int = Field(32, ge=1, description="query tokens")
-    passage_max_len: int = Field(128, ge=1, description="passage tokens (title and text)")
+    # Empty by default: a pipeline trains at the lengths it encodes with (dense.encode's, set at
+    # planning, so the version names them); a direct caller of the trainer gives its own.
+    query_max_len: Optional[int] = Field(None, ge=1, description="query tokens; empty: dense.encode.query_max_len")
+    passage_max_len: Optional[int] = Field(None, ge=1, description=(
+        "passage tokens (title and text); empty: dense.encode.passage_max_len"))
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
     eval_at_start: bool = Field(True, description="with an evaluator: the untrained model is a candidate too (step 0 "
                                                   "wins if training hurts)")

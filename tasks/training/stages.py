@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storage import Artifact
 from tasks.compute.device import resolve_device
@@ -21,8 +21,18 @@ from tasks.training.arguments import TrainerArgs
 logger = logging.getLogger("passage_forge")
 
 
-class DenseTrainConfig(TrainerArgs):
-    """The trainer's settings plus what the pipeline feeds it (defaults sized for a CPU)."""
+class DenseTrainConfig(BaseModel):
+    """A dense system's `train:` section: the trainer's settings (`schedule`, a TrainerArgs) and
+    what the pipeline feeds it. The YAML writes both flat in one section (so a YAML merge key can
+    override one setting of either, `{<<: *gold, seed: 2}`); `schedule:` as an object is read too."""
+    model_config = ConfigDict(extra="forbid")
+    # Hashed as if its fields sat in this section (tasks.engine.with_inlined): versions planned
+    # while the section inherited the trainer's settings keep their hashes.
+    INLINE: ClassVar[frozenset[str]] = frozenset({"schedule"})
+
+    schedule: TrainerArgs = Field(default_factory=TrainerArgs, description=(
+        "the trainer's settings (lr, batch_size, hard_negatives, epochs or max_steps, seed, bf16, checkpoints, "
+        "lengths); a YAML section may write them flat beside the others"))
     loss: str = Field("dpr", description=(
         "loss by name from models.losses.LOSSES: dpr, bidirectional, weighted, margin_mse and listwise_kl (distil "
         "the cross_encoder's scores), xmoco (needs model.shared: false)"))
@@ -36,10 +46,6 @@ class DenseTrainConfig(TrainerArgs):
     negatives: list[str] = Field(default_factory=lambda: ["bm25"], description=(
         "strategies the pool is drawn from (negatives:NAME stages): bm25, context, random, mixed, or a "
         "negatives.dense name (coarse, fine, self-mined); [] with hard_negatives 0: in-batch (Rnd) only"))
-    # One length setting serves training and encoding by default: title plus 100 words averages
-    # 133 MiniLM tokens, so a 128-token training cut would train on passages the index never sees.
-    query_max_len: Optional[int] = Field(None, ge=1, description="query tokens; empty: dense.encode.query_max_len")
-    passage_max_len: Optional[int] = Field(None, ge=1, description="passage tokens; empty: dense.encode.passage_max_len")
     split: str = Field("train", description="the split whose pairs are trained on")
     # Paper 003 sections 4.3 and 5.3: N = 2 hard negatives per question per step, drawn from its pool of M = 100.
     negative_pool: int = Field(100, ge=1, description="M: the top negatives per question the N are drawn from")
@@ -51,6 +57,23 @@ class DenseTrainConfig(TrainerArgs):
     dev_k: int = Field(1, ge=1, description="dev metric: share of questions with a gold passage in the top k")
     dev_distractors: int = Field(0, ge=0, description="random passages added to the dev articles' passages as the dev pool")
     dev_max_questions: Optional[int] = Field(None, ge=1, description="evaluate on at most this many dev questions")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_written_flat(cls, data: Any) -> Any:
+        """The trainer's settings written flat in the section go to `schedule`; one given both
+        flat and in `schedule:` is refused."""
+        if not isinstance(data, dict):
+            return data
+        flat = {k: v for k, v in data.items() if k in TrainerArgs.model_fields and k not in cls.model_fields}
+        if not flat:
+            return data
+        given = data.get("schedule", {})
+        nested = given.model_dump(exclude_unset=True) if isinstance(given, TrainerArgs) else dict(given or {})
+        twice = sorted(set(flat) & set(nested))
+        if twice:
+            raise ValueError(f"{', '.join(twice)}: given both in the section and in its schedule")
+        return {**{k: v for k, v in data.items() if k not in flat}, "schedule": {**nested, **flat}}
 
     @field_validator("loss")
     @classmethod
@@ -79,17 +102,21 @@ class DenseTrainConfig(TrainerArgs):
         return self
 
 
-def with_encode_lengths(train: DenseTrainConfig, encode) -> DenseTrainConfig:
-    """`train` with each unset max length taken from the encode section (resolved at planning, so
-    the version names the lengths trained with)."""
+def planned_train(train: DenseTrainConfig, encode, device: str) -> DenseTrainConfig:
+    """`train` as planned: each unset max length taken from the encode section (one length setting
+    serves training and encoding by default: title plus 100 words averages 133 MiniLM tokens, so a
+    shorter training cut would train on passages the index never sees), and bf16 'auto' resolved
+    for `device`; both hashed, so the version names what the model trained with."""
+    schedule = train.schedule
     lengths = {name: getattr(encode, name) for name in ("query_max_len", "passage_max_len")
-               if getattr(train, name) is None}
-    return train.model_copy(update=lengths)
+               if getattr(schedule, name) is None}
+    return train.model_copy(update={"schedule": schedule.model_copy(update=lengths).resolved_for(device)})
 
 
 class TrainParams(StageParams):
     # Checkpointing only decides what a killed run can resume from, not what it trains.
-    RUNTIME = frozenset({"device", "origin.init_path", "train.checkpoint_every", "train.keep_checkpoints"})
+    RUNTIME = frozenset({"device", "origin.init_path", "train.schedule.checkpoint_every",
+                         "train.schedule.keep_checkpoints"})
     system: str
     origin: Origin
     train: DenseTrainConfig
@@ -104,7 +131,7 @@ def _dev_evaluator(params: TrainParams, inputs: dict[str, Artifact], device: str
     qids, queries, pool, gold_idx = dev_pool(
         inputs["ingest_questions"].read_table("questions"),
         inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
-        inputs["link_gold"].read_table(), t.dev_split, t.dev_distractors, t.dev_max_questions, t.seed)
+        inputs["link_gold"].read_table(), t.dev_split, t.dev_distractors, t.dev_max_questions, t.schedule.seed)
     logger.info("train %s: dev metric top-%d over %d %s questions and %d passages",
                 params.system, t.dev_k, len(qids), t.dev_split, len(pool))
     return TopKDevEvaluator(qids, queries, pool, gold_idx, t.dev_k,
@@ -155,26 +182,28 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     from models.losses import build_loss
     from tasks.training.distributed import is_main_process
     from tasks.training.examples import examples_from_pairs
-    from tasks.training.resumable import keep_record, training_dir
+    from tasks.training.resumable import keep_record, training_dir, training_times
     from tasks.training.trainer import train_bi_encoder
 
     t, device = params.train, resolve_device(params.device)
+    schedule = t.schedule
     pairs = pa.concat_tables([inputs[f"pairs:{name}"].read_table() for name in t.pairs])
     negatives = pa.concat_tables([inputs[f"negatives:{name}"].read_table() for name in t.negatives]) if t.negatives else None
     if not t.pair_weights:  # the ablation: silver pairs count as much as gold ones
         pairs = pairs.set_column(pairs.schema.get_field_index("weight"), "weight",
                                  pa.array([1.0] * pairs.num_rows, pa.float32()))
     examples = examples_from_pairs(pairs, negatives, inputs["chunk"].read_table(columns=["pid", "doc_id", "title", "text"]),
-                                   negative_pool=t.negative_pool, hard_negatives=t.hard_negatives, batch_size=t.batch_size,
-                                   seed=t.seed, max_questions=t.max_questions, split=t.split)
+                                   negative_pool=t.negative_pool, hard_negatives=schedule.hard_negatives,
+                                   batch_size=schedule.batch_size, seed=schedule.seed, max_questions=t.max_questions,
+                                   split=t.split)
     model = params.origin.load(inputs)
     loss = build_loss(t.loss, model, **t.loss_options)
     # GPL labels only the triplets it trains on: the teacher scores each batch's drawn pairs
     teacher = _teacher(inputs["cross_encoder"], device) if t.distils else None
     evaluator = _dev_evaluator(params, inputs, device) if t.select_on_dev else None
-    logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, t.batch_size)
+    logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, schedule.batch_size)
     train_dir = training_dir(out, work)
-    result = train_bi_encoder(model, loss, examples, t, train_dir, evaluator=evaluator, progress=False, device=device,
+    result = train_bi_encoder(model, loss, examples, schedule, train_dir, evaluator=evaluator, progress=False, device=device,
                               teacher=teacher)
     if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
         return None
@@ -191,7 +220,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     return {"stats": {"examples": len(examples), "steps": len(history), "best_step": result["best_step"],
                       "best_dev_metric": result["best_metric"], "start_dev_metric": result.get("start_metric"),
                       "dev_curve": result["dev_curve"], "final_loss": history[-1]["loss"] if history else None,
-                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"],
+                      **training_times(result),
                       **({"teacher": teacher_summary(result["teacher_rows"])} if t.distils else {})}}
 
 
@@ -203,7 +232,7 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         if system.train is None:
             continue
         # `mixed` stands for its member strategies: the version names what was drawn from
-        t = with_encode_lengths(system.train, cfg.dense.encode).resolved_for(cfg.dense.encode.device)
+        t = planned_train(system.train, cfg.dense.encode, cfg.dense.encode.device)
         t = t.model_copy(update={"negatives": cfg.negatives.expand(t.negatives)})
         origin, origin_stages, pinned = origin_of(system, cfg.config_dir, trained=False)
         data = tuple(f"pairs:{p}" for p in t.pairs) + tuple(f"negatives:{n}" for n in t.negatives)

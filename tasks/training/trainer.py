@@ -171,6 +171,9 @@ def train_bi_encoder(
     if distils and teacher is None and any(e.teacher_scores is None for e in examples):
         raise ValueError(f"{type(loss_fn).__name__} distils teacher scores, but some examples carry none "
                          "(pass teacher=, or score the pairs with a cross-encoder first)")
+    if args.query_max_len is None or args.passage_max_len is None:
+        raise ValueError("TrainerArgs: query_max_len and passage_max_len are needed to train (a pipeline takes "
+                         "them from dense.encode at planning)")
     sampler = UniqueBatchSampler(examples, args.batch_size, seed=args.seed, drop_last=True)
     collator = Collator(tokenizer, args.query_max_len, args.passage_max_len, args.hard_negatives, seed=args.seed,
                         teacher_scores=distils, teacher=teacher)
