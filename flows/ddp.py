@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from flows import interrupts
 from flows.server_watchdog import EXIT_CODE, stopping_if_the_server_dies
+from storage.atomic import atomic_write_text
 
 if TYPE_CHECKING:  # torch: imported by the ranks, never by the launching `pforge`
     from tasks.training.distributed import Ranks
@@ -103,9 +104,7 @@ def watching_the_server(ranks: Ranks) -> contextlib.AbstractContextManager:
 def _end_run_from_rank_zero(line: str) -> None:
     request = os.environ.get(STOP_REQUEST)
     if request:
-        part = Path(f"{request}.part")
-        part.write_text(json.dumps({"pid": os.getpid(), "line": line}), encoding="utf-8")
-        os.replace(part, request)  # the launcher reads it whole
+        atomic_write_text(request, json.dumps({"pid": os.getpid(), "line": line}))  # the launcher reads it whole
         time.sleep(UNANSWERED_S)  # the launcher stops this process meanwhile
     interrupts.end_process(line, EXIT_CODE)
 

@@ -111,6 +111,8 @@ def test_trained_tiny_encoder_beats_its_random_start_and_hybrid_runs(prefect_har
     stats = wrecked.manifest["stats"]
     assert [step for step, _ in stats["dev_curve"]] == [0, 2, 4]
     assert stats["best_step"] == 0 and stats["best_dev_metric"] == max(m for _, m in stats["dev_curve"]), stats
+    assert stats["seconds_all_attempts"] >= stats["seconds"] > 0   # one attempt: the two agree
+    assert wrecked.manifest["parameters"]["train"]["lr"] == 0.5    # the manifest keeps the section flat
     assert not (wrecked.path / "training" / "best").exists()
     for k in (1, 5, 20):  # the kept step 0 is "trained" itself
         assert _metric(store, "wrecked", "top_k_accuracy", k) == _metric(store, "trained", "top_k_accuracy", k)

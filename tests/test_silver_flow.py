@@ -59,6 +59,7 @@ def test_silver_pipeline(silver_run):
     assert [e["step"] for e in stats["dev_curve"]] == [2, 4] and stats["selected_by"] == "auc"
     assert all(0 <= e["auc"] <= 1 and e["log_loss"] > 0 for e in stats["dev_curve"])
     assert stats["dev_auc"] == max(e["auc"] for e in stats["dev_curve"])
+    assert stats["seconds_all_attempts"] >= stats["seconds"] > 0
     report = store.sql("SELECT * FROM classification_report").to_pylist()
     assert [r["model"].split(" ")[0] for r in report] == ["majority", "dual", "cross-attention"]
     assert report[0]["recall"] == 0.0 and 0 < report[0]["accuracy"] < 1

@@ -162,7 +162,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     from models import BiEncoder, resolve_checkpoint
     from models.pretraining import build_pretraining_loss, load_bert_mlm_head
     from tasks.pretrain.examples import passage_context_examples, query_context_examples, sample_examples
-    from tasks.training.resumable import keep_record
+    from tasks.training.resumable import keep_record, training_times
     from tasks.training.trainer import train_bi_encoder
 
     c = params.pretrain
@@ -194,7 +194,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
                       "final_terms": {k: float(v) for k, v in loss.last_terms.items()},
                       "mask_rate": c.mask_rate, "middle_layer": getattr(loss, "middle_layer", None),
                       "mlm_head": "checkpoint" if head_from_checkpoint else "fresh",
-                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"], "passages_per_second": result.get("pairs_per_second"),
+                      **training_times(result), "passages_per_second": result.get("pairs_per_second"),
                       "resumed_from": result.get("resumed_from")}}
 
 

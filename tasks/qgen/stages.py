@@ -126,7 +126,7 @@ def _pair_rows(pairs: pa.Table, passages: pa.Table, split: str, limit: Optional[
 def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Path, work: Optional[Path] = None) -> dict:
     from models.generator import load_generator
     from tasks.qgen.finetune import finetune_generator
-    from tasks.training.resumable import keep_record, training_dir
+    from tasks.training.resumable import keep_record, training_dir, training_times
 
     t = params.train
     pairs, passages = inputs["pairs:gold"].read_table(), inputs["chunk"].read_table(columns=["pid", "title", "text"])
@@ -142,8 +142,8 @@ def build_finetune(params: FinetuneParams, inputs: dict[str, Artifact], out: Pat
         shutil.rmtree(out / "training" / copy, ignore_errors=True)
     keep_record(train_dir, out)
     return {"stats": {"train_pairs": len(train), "dev_pairs": len(dev), "best_step": result["best_step"],
-                      "best_dev_loss": result["best_metric"], "dev_curve": result["dev_curve"], "seconds": result["seconds"],
-                      "seconds_all_attempts": result["seconds_all_attempts"]}}
+                      "best_dev_loss": result["best_metric"], "dev_curve": result["dev_curve"],
+                      **training_times(result)}}
 
 
 def sample_passages(passages: pa.Table, limit: Optional[int], seed: int,

@@ -64,7 +64,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     from tasks.silver.classifier import DevClassification, train_classifier
     from tasks.silver.report import report_rows
     from tasks.silver.sampling import as_text_pairs, classifier_pairs, held_out, sample_questions, source_counts
-    from tasks.training.resumable import keep_record, training_dir
+    from tasks.training.resumable import keep_record, training_dir, training_times
 
     c, device = params.config, resolve_device(params.device)
     questions = inputs["ingest_questions"].read_table("questions", columns=["qid", "question", "answers", "split"])
@@ -108,7 +108,7 @@ def build_cross_encoder(params: CrossEncoderParams, inputs: dict[str, Artifact],
     return {"stats": {"training_pairs": len(train), "dev_pairs": len(dev), "sources": source_counts(train),
                       "steps": len(result["history"]), "best_step": result["best_step"], "selected_by": c.select_by,
                       "dev_auc": best.get("auc"), "dev_log_loss": best.get("log_loss"), "dev_curve": curve,
-                      "seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"],
+                      **training_times(result),
                       "report_split": c.report_split, "report_pairs": len(report_pairs),
                       "dual_encoder_threshold": threshold, "report": report}}
 

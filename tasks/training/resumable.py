@@ -32,3 +32,9 @@ def keep_record(train_dir: Path, out: Path) -> Path:
             if (Path(train_dir) / name).is_file():
                 shutil.copy2(Path(train_dir) / name, dest / name)
     return dest
+
+
+def training_times(result: dict) -> dict:
+    """A training run's times as its stage's stats carry them: this attempt's (`seconds`) and the
+    whole run's with the attempts it resumed (`seconds_all_attempts`, what the study prices from)."""
+    return {"seconds": result["seconds"], "seconds_all_attempts": result["seconds_all_attempts"]}
