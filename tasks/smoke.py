@@ -156,6 +156,7 @@ def _dense(dense: dict, notes: list[str]) -> None:
         train = system.get("train")
         if not train:
             continue
+        train.update(train.pop("schedule", None) or {})   # the trainer's settings written as a mapping: flat here
         _schedule(train, lengths=True)
         train["dev_max_questions"] = _at_most(train.get("dev_max_questions"), DEV_QUESTIONS)
         if train.get("dev_distractors"):

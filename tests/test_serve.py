@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from flows.cli import main
 from flows.pipeline import pipeline
 from flows.registry import plan_for
 from flows.serve import build_deployments
-from tasks.config import PROJECT_ROOT, load_config
+from tasks.config import PROJECT_ROOT, PipelineConfig, load_config
 
 
 def test_pipeline_and_each_stage_are_deployments_with_typed_config_forms():
@@ -42,6 +43,15 @@ def test_dense_stages_of_an_extended_config_are_deployments():
     config = deployments[0].parameters["config"]
     assert config["data"]["squad"]["path"] == "squad/dev-v1.1-partial.json"
     assert config["dense"]["systems"][0]["model"]["pooling"] == "cls"
+    # The form's train section holds the trainer's settings as one object, and a run started from
+    # it plans the versions the file plans.
+    assert config["dense"]["systems"][0]["train"]["schedule"]["hard_negatives"] == 1
+    definitions = parameter_schema(pipeline).model_dump()["definitions"]
+    assert definitions["DenseTrainConfig"]["properties"]["schedule"]["$ref"].endswith("TrainerArgs")
+    from_form = PipelineConfig.model_validate(json.loads(json.dumps(config)))
+    from_form._config_dir = load_config(PROJECT_ROOT / "configs" / "dpr.yaml")._config_dir
+    planned, file = plan_for(from_form), plan_for(load_config(PROJECT_ROOT / "configs" / "dpr.yaml"))
+    assert {n: planned.planned_version(n) for n in planned.names()} == {n: file.planned_version(n) for n in file.names()}
 
 
 def test_deployments_carry_an_absolute_root_when_none_is_given(tmp_path, monkeypatch):

@@ -329,3 +329,15 @@ def test_a_title_longer_than_the_passage_length_is_cut_in_its_row_only():
     assert ids[0] == alone[0]  # a row that fits is cut as before: only its text
     sep = tokenizer.sep_token_id
     assert ids[1].count(sep) == 2 and ids[1].index(sep) < 31  # the title was cut, some text remains
+
+
+def test_a_train_section_that_writes_its_schedule_as_a_mapping_is_shrunk_too():
+    from tasks.config import PipelineConfig
+
+    raw = {"dense": {"systems": [{"name": "s", "train": {"loss": "dpr", "schedule": {"epochs": 3, "batch_size": 64,
+                                                                                      "seed": 7}}}]}}
+    smoke = smoke_overlay(raw)
+    train = smoke["dense"]["systems"][0]["train"]
+    assert "schedule" not in train and (train["batch_size"], train["seed"]) == (2, 7)
+    schedule = PipelineConfig.model_validate(smoke).dense.systems[0].train.schedule
+    assert (schedule.batch_size, schedule.bf16, schedule.passage_max_len) == (2, "off", train["passage_max_len"])

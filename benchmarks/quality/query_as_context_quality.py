@@ -44,7 +44,7 @@ def with_seed(cfg, seed: int | None):
         run["seed"] = seed
     for system in (raw["dense"] or {}).get("systems", []):
         if system.get("train"):
-            system["train"]["seed"] = seed
+            system["train"]["schedule"]["seed"] = seed   # a dump holds the trainer's settings as train.schedule
     out = PipelineConfig.model_validate(raw)
     out._config_dir = cfg._config_dir
     return out
