@@ -156,7 +156,7 @@ def _dense(dense: dict, notes: list[str]) -> None:
         train = system.get("train")
         if not train:
             continue
-        train.update(train.pop("schedule", None) or {})   # the trainer's settings written as a mapping: flat here
+        train = _flat_schedule(system)
         _schedule(train, lengths=True)
         train["dev_max_questions"] = _at_most(train.get("dev_max_questions"), DEV_QUESTIONS)
         if train.get("dev_distractors"):
@@ -165,6 +165,19 @@ def _dense(dense: dict, notes: list[str]) -> None:
         if "queue_size" in options:  # the smallest queue a step accepts: it wraps at every step
             pushed = BATCH * (1 + int(train.get("hard_negatives", 2)))
             options["queue_size"] = max(2 * BATCH, pushed)
+
+
+def _flat_schedule(system: dict) -> dict:
+    """The system's train section with a `schedule:` mapping written flat, merged as the config reads
+    it (one setting given both ways is refused here too, naming the system)."""
+    from tasks.training.arguments import trainer_settings_of
+
+    try:
+        rest, schedule = trainer_settings_of(system["train"])
+    except ValueError as err:
+        raise ValueError(f"dense system {system.get('name')}: train: {err}") from None
+    system["train"] = {**rest, **schedule}
+    return system["train"]
 
 
 def _encoder(base: str, where: str, notes: list[str]) -> str:

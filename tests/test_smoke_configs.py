@@ -341,3 +341,15 @@ def test_a_train_section_that_writes_its_schedule_as_a_mapping_is_shrunk_too():
     assert "schedule" not in train and (train["batch_size"], train["seed"]) == (2, 7)
     schedule = PipelineConfig.model_validate(smoke).dense.systems[0].train.schedule
     assert (schedule.batch_size, schedule.bf16, schedule.passage_max_len) == (2, "off", train["passage_max_len"])
+
+
+def test_a_setting_given_flat_and_in_the_schedule_is_refused_by_the_overlay_as_by_the_config():
+    from pydantic import ValidationError
+
+    from tasks.config import PipelineConfig
+
+    raw = {"dense": {"systems": [{"name": "s", "train": {"seed": 3, "schedule": {"seed": 7}}}]}}
+    with pytest.raises(ValidationError, match="seed: given both"):
+        PipelineConfig.model_validate(raw)
+    with pytest.raises(ValueError, match="dense system s: train: seed: given both"):
+        smoke_overlay(raw)

@@ -3,8 +3,10 @@ commit), resumable in the local artifact root (some of its steps built, or a ste
 holding checkpoints or shards), or not started; and what is left of it priced on this machine."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from flows.study.definition import Row, Study
 from flows.study.estimate import StepPrice, format_duration, price_steps, remaining, total_seconds
@@ -57,7 +59,7 @@ def open_store(root: Path) -> ArtifactStore | None:
 
 
 def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[str, dict],
-               machine: dict) -> RowStatus:
+               machine: dict, progress: Callable[[Path], tuple[int, int] | None] = training_progress) -> RowStatus:
     record = records.get(row.name)
     if record is not None:
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
@@ -74,7 +76,7 @@ def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[
         if store is not None and store.get(stage.artifact, version) is not None:
             built.append(name)
         elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
-            in_flight[name] = training_progress(work)
+            in_flight[name] = progress(work)
     left = [remaining(price, in_flight.get(price.step))
             for price in price_steps([s for s in steps if s not in built], records, machine)]
     if len(built) == len(steps):
@@ -98,7 +100,8 @@ def study_status(study: Study, root: Path, records: dict[str, dict], machine: di
                  plans: Plans | None = None) -> list[RowStatus]:
     plans = plans or Plans(study)
     store = open_store(root)
-    return [row_status(row, plans(row), store, records, machine) for row in study.ordered()]
+    progress = functools.cache(training_progress)   # rows that share a step read its checkpoint once
+    return [row_status(row, plans(row), store, records, machine, progress) for row in study.ordered()]
 
 
 def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: dict) -> str:

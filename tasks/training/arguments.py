@@ -3,7 +3,7 @@
 validate and render as Prefect UI forms."""
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Collection, Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -67,3 +67,17 @@ class TrainerArgs(ScheduleArgs):
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward to save memory")
     eval_at_start: bool = Field(True, description="with an evaluator: the untrained model is a candidate too (step 0 "
                                                   "wins if training hurts)")
+
+
+def trainer_settings_of(section: dict, own: Collection[str] = ()) -> tuple[dict, dict]:
+    """A train section's (other settings, trainer settings): the TrainerArgs fields written flat in
+    it (those not in `own`, the section's own fields) merged with its `schedule:` mapping or object;
+    one setting given both ways is refused, whoever reads the section (the config or an overlay)."""
+    flat = {k: v for k, v in section.items() if k in TrainerArgs.model_fields and k not in own}
+    given = section.get("schedule") or {}
+    nested = given.model_dump(exclude_unset=True) if isinstance(given, TrainerArgs) else dict(given)
+    twice = sorted(set(flat) & set(nested))
+    if twice:
+        raise ValueError(f"{', '.join(twice)}: given both in the section and in its schedule")
+    rest = {k: v for k, v in section.items() if k not in flat and k != "schedule"}
+    return rest, {**nested, **flat}

@@ -12,6 +12,7 @@ from typing import Callable
 from storage.atomic import TMP_DIR_PREFIX, atomic_dir
 
 CHECKPOINTS = "checkpoints"
+TRAINING = "training"   # a resumable stage's trainer runs in WORK/training (tasks.training.resumable)
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
 STATE_NAME = "trainer_state.pt"
 LOSS_STATE_NAME = "loss.pt"  # the loss module's own parameters and buffers (not the model's)
@@ -48,15 +49,15 @@ def remove_interrupted_saves(out_dir: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def training_progress(folder: Path) -> tuple[int, int] | None:
-    """(step, total steps) of the latest checkpoint of a training run anywhere below `folder` (a
-    resumable stage's work folder), or None where there is none or it does not say its total."""
+def training_progress(work: Path) -> tuple[int, int] | None:
+    """(step, total steps) of the latest checkpoint of the training run in a resumable stage's work
+    folder (WORK/training), or None where there is none or it does not say its total."""
     import torch
 
-    latest = max((found for root in Path(folder).rglob(CHECKPOINTS) if root.is_dir()
-                  for found in list_checkpoints(root.parent)), default=None, key=lambda found: found[0])
-    if latest is None:
+    found = list_checkpoints(Path(work) / TRAINING)
+    if not found:
         return None
-    state = torch.load(latest[1] / STATE_NAME, map_location="cpu", weights_only=False)
+    step, latest = found[-1]
+    state = torch.load(latest / STATE_NAME, map_location="cpu", weights_only=False)
     total = state.get("total_steps")
-    return (int(state.get("step", latest[0])), int(total)) if total else None
+    return (int(state.get("step", step)), int(total)) if total else None

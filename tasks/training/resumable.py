@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from tasks.training.checkpoints import TRAINING
 from tasks.training.distributed import torchrun_world_size
 
 
@@ -15,8 +16,8 @@ def training_dir(out: Path, work: Optional[Path]) -> Path:
     rank has its own work folder, and a resume would find rank 0's checkpoints only: the ranks
     then train in the build folder, from the start, as they always did."""
     if work is None or torchrun_world_size() > 1:
-        return Path(out) / "training"
-    return Path(work) / "training"
+        return Path(out) / TRAINING
+    return Path(work) / TRAINING
 
 
 RECORD = ("history.json", "loss_curve.png")  # what the trainers write beside their checkpoints

@@ -16,7 +16,7 @@ from tasks.compute.device import resolve_device
 from tasks.compute.encode import EncodeSettings
 from tasks.compute.origin import Origin, origin_of
 from tasks.engine import Stage, StageParams
-from tasks.training.arguments import TrainerArgs
+from tasks.training.arguments import TrainerArgs, trainer_settings_of
 
 logger = logging.getLogger("passage_forge")
 
@@ -65,15 +65,10 @@ class DenseTrainConfig(BaseModel):
         flat and in `schedule:` is refused."""
         if not isinstance(data, dict):
             return data
-        flat = {k: v for k, v in data.items() if k in TrainerArgs.model_fields and k not in cls.model_fields}
-        if not flat:
-            return data
-        given = data.get("schedule", {})
-        nested = given.model_dump(exclude_unset=True) if isinstance(given, TrainerArgs) else dict(given or {})
-        twice = sorted(set(flat) & set(nested))
-        if twice:
-            raise ValueError(f"{', '.join(twice)}: given both in the section and in its schedule")
-        return {**{k: v for k, v in data.items() if k not in flat}, "schedule": {**nested, **flat}}
+        if not any(k in TrainerArgs.model_fields and k not in cls.model_fields for k in data):
+            return data   # nothing flat: a schedule object given as one stays as it is
+        rest, schedule = trainer_settings_of(data, own=cls.model_fields)
+        return {**rest, "schedule": schedule}
 
     @field_validator("loss")
     @classmethod
