@@ -210,6 +210,32 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert ArtifactStore(fresh).get("bm25_runs", record["version"]) is not None
 
 
+def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committed(repo, shared_data,
+                                                                                    tmp_path_factory, monkeypatch):
+    from flows.study import runner
+    from flows.study.machine import describe_cpu
+
+    checkout, study = repo
+    built = runner.run_pipeline
+
+    def stopped_after_building(argv, log, timeout_s, threads):
+        assert built(argv, log, timeout_s, threads) == 0   # the shared step is built, then the budget "ends"
+        return None
+
+    monkeypatch.setattr(runner, "run_pipeline", stopped_after_building)
+    said = []
+    root = tmp_path_factory.mktemp("root")
+    machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
+    assert runner.run_study(study, root, 600, machine, repo=checkout, say=said.append) == []
+    assert read_records(study.folder) == {}   # the row itself is not recorded
+    exported = sorted(p.name for p in study.shared_dir.iterdir())
+    assert len(exported) == 2 and exported[0].startswith("bm25_runs-") and exported[1].endswith(".tar.gz")
+    log = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--name-only", "--format=%s"], capture_output=True,
+                         text=True, check=True).stdout
+    assert log.startswith("Study shared inputs: bm25_runs-") and f"studies/mini/shared/{exported[1]}" in log
+    assert any(line.startswith("study: exported bm25_runs-") for line in said)
+
+
 def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_factory):
     from flows.study.runner import run_study
 

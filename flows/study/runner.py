@@ -1,7 +1,8 @@
 """`pforge study run`: the next rows in priority order that fit a time budget, each built with
 `pforge run CONFIG --upto STAGE` (resumable: a run stopped at the budget's end continues from its
 checkpoints and shards next time, on this root), measured from the root, and its record written
-into the repository and committed there at once, so a machine that goes away loses only the row in
+into the repository and committed there at once (with the study's shared inputs, exported as soon
+as a row has built them, recorded or not), so a machine that goes away loses only the row in
 flight. A row priced above what is left of the budget is passed over for a later, cheaper one; a
 row nobody has measured yet (priced "unknown") is run, and measures itself."""
 from __future__ import annotations
@@ -125,6 +126,18 @@ def export_shared(study: Study, plans: Plans, root: Path) -> list[Path]:
     return files
 
 
+def keep_shared(study: Study, plans: Plans, root: Path, repo: Path | None, say: Callable[[str], None]) -> None:
+    """The shared steps a row built before it stopped unrecorded (the budget ended, or a later step
+    failed), exported and committed now: a new machine imports them instead of building them again."""
+    files = export_shared(study, plans, root)
+    if not files:
+        return
+    names = ", ".join(sorted({f.name.split(".")[0] for f in files}))
+    say(f"study: exported {names} into {study.shared_dir}")
+    if repo is not None:
+        commit_records(repo, files, f"Study shared inputs: {names} ({study.name})")
+
+
 def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo: Path | None,
               rows: list[str] | None = None, say: Callable[[str], None] = print) -> list[str]:
     """Builds and records rows until the budget is spent; returns the rows recorded."""
@@ -154,9 +167,11 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
                               left, machine["threads"])
             if rc is None:
                 say(f"study: {row.name}: the budget ended mid-row; it resumes from the root next time")
+                keep_shared(study, plans, root, repo, say)
                 break
             if rc != 0:
                 say(f"study: {row.name}: pforge run exited {rc} (log: {log_dir(root)}); next row")
+                keep_shared(study, plans, root, repo, say)
                 continue
         path = record_row(study, row, plans, root, machine, commit, repo)
         recorded.append(row.name)
