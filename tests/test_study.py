@@ -236,18 +236,44 @@ def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committ
     assert any(line.startswith("study: exported bm25_runs-") for line in said)
 
 
+def _every_bm25_step_took_an_hour(study):
+    """A record elsewhere that prices each of the BM25 row's six steps at an hour on ZEN3."""
+    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
+    write_record(study.folder, {"row": "elsewhere", "kind": "runs", "machine": ZEN3, "commit": None,
+                                "stages": [{"step": s, "version": "v", "build_s": 3600.0} for s in steps]})
+
+
 def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_factory):
     from flows.study.runner import run_study
 
     checkout, study = repo
     machine = {**ZEN3, "threads": 1}
-    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
-    write_record(study.folder, {"row": "elsewhere", "kind": "runs", "machine": ZEN3, "commit": None,
-                                "stages": [{"step": s, "version": "v", "build_s": 3600.0} for s in steps]})
+    _every_bm25_step_took_an_hour(study)
     said = []
     recorded = run_study(study, tmp_path_factory.mktemp("root"), 60, machine, repo=None, say=said.append)
     assert recorded == []
     assert any("bm25: priced 6.0 h, 1 min left: passed over" in line for line in said)
+
+
+def test_rows_passed_over_are_advanced_in_order_once_nothing_fits(repo, tmp_path_factory, monkeypatch):
+    from flows.study import runner
+
+    checkout, study = repo
+    machine = {**ZEN3, "threads": 1}
+    _every_bm25_step_took_an_hour(study)
+    runs = []
+
+    def budget_ends(argv, log, timeout_s, threads):
+        runs.append((argv[argv.index("--upto") + 1], timeout_s))
+        return None   # the budget ended in the row: its checkpoints carry it to the next run
+
+    monkeypatch.setattr(runner, "run_pipeline", budget_ends)
+    said = []
+    budget = runner.ADVANCE_MIN_S + 60
+    assert runner.run_study(study, tmp_path_factory.mktemp("root"), budget, machine, repo=None, say=said.append) == []
+    assert [line.split(":")[1].strip() for line in said if "passed over" in line] == ["bm25", "bm25-second"]
+    assert len(runs) == 1 and runs[0][0].startswith("bm25_search") and runs[0][1] <= budget
+    assert any(line.startswith("study: bm25: nothing else fits; advancing it") for line in said)
 
 
 def test_study_status_and_tables_from_the_command_line(repo, tmp_path):
@@ -304,10 +330,29 @@ def test_a_part_built_step_is_priced_at_what_its_latest_checkpoint_leaves(repo, 
     checkpoint = work / "training" / "checkpoints" / "step-0000030"
     checkpoint.mkdir(parents=True)
     assert training_progress(work) is None   # a folder without its state is no checkpoint
-    torch.save({"step": 30, "total_steps": 40}, checkpoint / "trainer_state.pt")
-    assert training_progress(work) == (30, 40)
+    torch.save({"step": 30, "total_steps": 40}, checkpoint / "trainer_state.pt")   # an older one: no time
+    assert training_progress(work) == (30, 40, None)
     status = row_status(study.row("bm25"), plan, open_store(root), records, ZEN3)
     assert status.state == RESUMABLE and "bm25_search (step 30 of 40) part-built" in status.detail
     left = {price.step: price for price in status.left}
     assert left["bm25_search"].seconds == pytest.approx(150.0) and "from step 30 of 40" in left["bm25_search"].basis
     assert left["chunk"].seconds == pytest.approx(600.0)   # a step with no work folder: its whole price
+    # A checkpoint that says its own time prices the rest at its own rate, before any record's.
+    torch.save({"step": 30, "total_steps": 40, "seconds_so_far": 90.0}, checkpoint / "trainer_state.pt")
+    for known in ({}, records):   # and prices it where no record has the step
+        left = {p.step: p for p in row_status(study.row("bm25"), plan, open_store(root), known, ZEN3).left}
+        assert left["bm25_search"].seconds == pytest.approx(30.0)
+        assert left["bm25_search"].basis == "its own 3.0 s a step here, from step 30 of 40"
+
+
+def test_a_row_with_an_unpriced_step_shows_its_priced_part(repo, tmp_path_factory):
+    from flows.study.estimate import StepPrice
+    from flows.study.status import MEASURED, NOT_STARTED, RowStatus
+
+    _, study = repo
+    row = study.row("bm25")
+    priced, unpriced = StepPrice("chunk", 5400.0, "this CPU"), StepPrice("bm25_search", None, "unknown")
+    assert RowStatus(row, NOT_STARTED, "", [priced, unpriced]).left_text() == "1.5 h + ?"
+    assert RowStatus(row, NOT_STARTED, "", [priced]).left_text() == "1.5 h"
+    assert RowStatus(row, NOT_STARTED, "", [unpriced]).left_text() == "unknown"
+    assert RowStatus(row, MEASURED, "", []).left_text() == "-"

@@ -1,11 +1,16 @@
 """A row's price on this machine, from the stage times the committed records measured: for every
 step the local root lacks, the newest time of the same step on this CPU, else on another CPU
 scaled by the two machines' fp32 matrix-product probes (unscaled where a record has no probe), else the time of its first-seed twin
-(`train:gold-s2` is priced as `train:gold-s1`). A step nobody has measured is unknown, not guessed."""
+(`train:gold-s2` is priced as `train:gold-s1`); what is left of a part-built training at the rate
+its own checkpoints measured. A step nobody has measured is unknown, not guessed."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.training.checkpoints import TrainingProgress
 
 SEED_SUFFIX = re.compile(r"-s\d+\b")
 
@@ -49,14 +54,20 @@ def price_steps(steps: list[str], records: dict[str, dict], machine: dict) -> li
     return [price_step(step, measured, machine) for step in steps]
 
 
-def remaining(price: StepPrice, progress: tuple[int, int] | None) -> StepPrice:
-    """What is left of a part-built step: its price times the share of its steps a checkpoint has
-    not reached (a resumed build continues from there), or the whole price where none says."""
-    if price.seconds is None or not progress:
+def remaining(price: StepPrice, progress: TrainingProgress | None) -> StepPrice:
+    """What is left of a part-built step (a resumed build continues from its latest checkpoint):
+    the steps it has not reached at the rate it ran here so far, or where its checkpoint does not
+    say its time, that share of its price; the whole price where no checkpoint says how far it is."""
+    if not progress:
         return price
-    step, total = progress
-    left = max(0.0, 1.0 - step / total)
-    return replace(price, seconds=price.seconds * left, basis=f"{price.basis}; from step {step} of {total}")
+    left = max(0, progress.total - progress.step)
+    where = f"from step {progress.step} of {progress.total}"
+    if progress.seconds and progress.step > 0:
+        rate = progress.seconds / progress.step
+        return replace(price, seconds=rate * left, basis=f"its own {rate:.1f} s a step here, {where}")
+    if price.seconds is None:
+        return price
+    return replace(price, seconds=price.seconds * left / progress.total, basis=f"{price.basis}; {where}")
 
 
 def total_seconds(prices: list[StepPrice]) -> float | None:

@@ -3,8 +3,9 @@
 checkpoints and shards next time, on this root), measured from the root, and its record written
 into the repository and committed there at once (with the study's shared inputs, exported as soon
 as a row has built them, recorded or not), so a machine that goes away loses only the row in
-flight. A row priced above what is left of the budget is passed over for a later, cheaper one; a
-row nobody has measured yet (priced "unknown") is run, and measures itself."""
+flight. A row priced above what is left of the budget is passed over for a later, cheaper one, and
+advanced with what is left once no row fits; a row nobody has measured yet (priced "unknown") is
+run, and measures itself."""
 from __future__ import annotations
 
 import logging
@@ -19,11 +20,12 @@ from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
 from flows.study.records import code_commit, file_safe, read_records, write_record
-from flows.study.status import BUILT, MEASURED, Plans, open_store, row_status
+from flows.study.status import BUILT, MEASURED, Plans, RowStatus, open_store, row_status
 from tasks.config import PROJECT_ROOT
 
 logger = logging.getLogger("passage_forge")
 STOP_GRACE_S = 120.0   # a stopped run writes its last checkpoint and stops its Prefect server
+ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (start-up would eat it)
 
 
 def log_dir(root: Path) -> Path:
@@ -145,37 +147,54 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
     plans, commit = Plans(study), code_commit()
     if commit.get("dirty"):
         say("study: the code differs from its commit; records will say dirty: true (run from a clean worktree)")
-    recorded = []
+    recorded, passed = [], []
     import_shared(study, root, say)
-    wanted = [study.row(name) for name in rows] if rows else study.ordered()
-    for row in wanted:
-        records = read_records(study.folder)
+
+    def build(row: Row, status: RowStatus) -> bool:
+        """Builds and records `row`; False when the budget ended in it."""
         left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        status = row_status(row, plans(row), open_store(root), records, machine)
-        if status.state == MEASURED:
-            continue
         if status.state != BUILT:
-            price = status.seconds_left
-            if price is not None and price > left:
-                say(f"study: {row.name}: priced {format_duration(price)}, {format_duration(left)} left: passed over")
-                continue
-            say(f"study: {row.name}: {status.state}, priced {format_duration(price)} here; building "
+            say(f"study: {row.name}: {status.state}, priced {format_duration(status.seconds_left)} here; building "
                 f"({format_duration(left)} of budget left)")
             rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{file_safe(row.name)}.log",
                               left, machine["threads"])
             if rc is None:
                 say(f"study: {row.name}: the budget ended mid-row; it resumes from the root next time")
                 keep_shared(study, plans, root, repo, say)
-                break
+                return False
             if rc != 0:
                 say(f"study: {row.name}: pforge run exited {rc} (log: {log_dir(root)}); next row")
                 keep_shared(study, plans, root, repo, say)
-                continue
+                return True
         path = record_row(study, row, plans, root, machine, commit, repo)
         recorded.append(row.name)
         say(f"study: {row.name}: recorded {path}")
+        return True
+
+    for row in [study.row(name) for name in rows] if rows else study.ordered():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return recorded
+        status = row_status(row, plans(row), open_store(root), read_records(study.folder), machine)
+        if status.state == MEASURED:
+            continue
+        price = status.seconds_left
+        if status.state != BUILT and price is not None and price > left:
+            say(f"study: {row.name}: priced {format_duration(price)}, {format_duration(left)} left: passed over")
+            passed.append(row)
+            continue
+        if not build(row, status):
+            return recorded
+    # Nothing else fits what is left: it advances the rows passed over, in order (a row longer than
+    # any budget would otherwise never start); their checkpoints and shards carry the work to the
+    # next run on this root.
+    for row in passed:
+        left = deadline - time.monotonic()
+        if left < ADVANCE_MIN_S:
+            break
+        say(f"study: {row.name}: nothing else fits; advancing it with the {format_duration(left)} left")
+        if not build(row, row_status(row, plans(row), open_store(root), read_records(study.folder), machine)):
+            break
     return recorded
 
 

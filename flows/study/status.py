@@ -14,7 +14,7 @@ from flows.study.measure import planned_steps
 from storage import ArtifactStore
 from storage.paths import work_dir
 from tasks.engine import Plan
-from tasks.training.checkpoints import training_progress
+from tasks.training.checkpoints import TrainingProgress, training_progress
 
 MEASURED, RESUMABLE, BUILT, NOT_STARTED = "measured", "resumable", "built, not recorded", "not started"
 
@@ -29,6 +29,15 @@ class RowStatus:
     @property
     def seconds_left(self) -> float | None:
         return total_seconds(self.left)
+
+    def left_text(self) -> str:
+        """What is left here: its price, or where a step is unpriced, the priced part and "+ ?"."""
+        if self.state == MEASURED:
+            return "-"
+        priced = [p.seconds for p in self.left if p.seconds is not None]
+        if len(priced) == len(self.left) or not priced:
+            return format_duration(self.seconds_left)
+        return f"{format_duration(sum(priced))} + ?"
 
 
 class Plans:
@@ -59,7 +68,7 @@ def open_store(root: Path) -> ArtifactStore | None:
 
 
 def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[str, dict],
-               machine: dict, progress: Callable[[Path], tuple[int, int] | None] = training_progress) -> RowStatus:
+               machine: dict, progress: Callable[[Path], TrainingProgress | None] = training_progress) -> RowStatus:
     record = records.get(row.name)
     if record is not None:
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
@@ -88,8 +97,8 @@ def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[
     return RowStatus(row, NOT_STARTED, f"{len(steps)} steps", left)
 
 
-def _part_built(step: str, progress: tuple[int, int] | None) -> str:
-    return f"{step} (step {progress[0]} of {progress[1]})" if progress else step
+def _part_built(step: str, progress: TrainingProgress | None) -> str:
+    return f"{step} (step {progress.step} of {progress.total})" if progress else step
 
 
 def _has_work(folder: Path) -> bool:
@@ -106,15 +115,14 @@ def study_status(study: Study, root: Path, records: dict[str, dict], machine: di
 
 def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: dict) -> str:
     measured = sum(s.state == MEASURED for s in statuses)
-    priced = [s.seconds_left for s in statuses if s.state != MEASURED]
-    known = sum(p for p in priced if p is not None)
-    unknown = sum(p is None for p in priced)
+    open_rows = [s for s in statuses if s.state != MEASURED]
+    known = sum(p.seconds for s in open_rows for p in s.left if p.seconds is not None)
+    unknown = sum(s.seconds_left is None for s in open_rows)
     lines = [f"study {study.name}: {measured} of {len(statuses)} rows measured; root {root}",
              f"this machine: {machine['key']}, {machine['threads']} threads, fp32 probe {machine['sgemm_gflops']} GFLOP/s",
-             f"left here: {format_duration(known)} of priced work" + (f", {unknown} rows unpriced" if unknown else ""),
+             f"left here: {format_duration(known)} of priced work" + (f"; {unknown} rows have unpriced steps" if unknown else ""),
              "",
              f"{'p':>1}  {'row':34s} {'state':20s} {'left here':>10s}  detail"]
     for s in statuses:
-        left = "-" if s.state == MEASURED else format_duration(s.seconds_left)
-        lines.append(f"{s.row.priority:>1}  {s.row.name:34s} {s.state:20s} {left:>10s}  {s.detail}")
+        lines.append(f"{s.row.priority:>1}  {s.row.name:34s} {s.state:20s} {s.left_text():>10s}  {s.detail}")
     return "\n".join(lines) + "\n"

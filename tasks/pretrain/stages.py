@@ -162,7 +162,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     from models import BiEncoder, resolve_checkpoint
     from models.pretraining import build_pretraining_loss, load_bert_mlm_head
     from tasks.pretrain.examples import passage_context_examples, query_context_examples, sample_examples
-    from tasks.training.resumable import keep_record, training_times
+    from tasks.training.resumable import keep_record, training_dir, training_times
     from tasks.training.trainer import train_bi_encoder
 
     c = params.pretrain
@@ -183,10 +183,10 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     contexts = sum(len(e.queries) for e in examples) / len(examples)
     logger.info("pretrain %s: %s (%s objective) on %d passages, %.2f contexts each, batch %d", c.name, c.form,
                 c.objective, len(examples), contexts, c.batch_size)
-    result = train_bi_encoder(model, loss, examples, c, work / "training", progress=False,
-                              device=resolve_device(params.device))
+    train_dir = training_dir(out, work)
+    result = train_bi_encoder(model, loss, examples, c, train_dir, progress=False, device=resolve_device(params.device))
     save_base_checkpoint(model, out / "model")
-    keep_record(work / "training", out)
+    keep_record(train_dir, out)
     history = result["history"]
     return {"stats": {"form": c.form, "objective": c.objective, "passages": len(examples),
                       "contexts_per_passage": round(contexts, 3), "steps": len(history),

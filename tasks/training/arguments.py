@@ -69,11 +69,16 @@ class TrainerArgs(ScheduleArgs):
                                                   "wins if training hurts)")
 
 
+def written_flat(section: dict, own: Collection[str] = ()) -> dict:
+    """The TrainerArgs fields written flat in a train section (not those in `own`, its own fields)."""
+    return {k: v for k, v in section.items() if k in TrainerArgs.model_fields and k not in own}
+
+
 def trainer_settings_of(section: dict, own: Collection[str] = ()) -> tuple[dict, dict]:
     """A train section's (other settings, trainer settings): the TrainerArgs fields written flat in
     it (those not in `own`, the section's own fields) merged with its `schedule:` mapping or object;
     one setting given both ways is refused, whoever reads the section (the config or an overlay)."""
-    flat = {k: v for k, v in section.items() if k in TrainerArgs.model_fields and k not in own}
+    flat = written_flat(section, own)
     given = section.get("schedule") or {}
     nested = given.model_dump(exclude_unset=True) if isinstance(given, TrainerArgs) else dict(given)
     twice = sorted(set(flat) & set(nested))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from storage.atomic import TMP_DIR_PREFIX, atomic_dir
 
@@ -49,9 +49,15 @@ def remove_interrupted_saves(out_dir: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def training_progress(work: Path) -> tuple[int, int] | None:
-    """(step, total steps) of the latest checkpoint of the training run in a resumable stage's work
-    folder (WORK/training), or None where there is none or it does not say its total."""
+class TrainingProgress(NamedTuple):
+    step: int
+    total: int
+    seconds: float | None   # the training's own time to `step`, every attempt (None: an older checkpoint)
+
+
+def training_progress(work: Path) -> TrainingProgress | None:
+    """How far the latest checkpoint of the training run in a resumable stage's work folder
+    (WORK/training) is, or None where there is none or it does not say its total."""
     import torch
 
     found = list_checkpoints(Path(work) / TRAINING)
@@ -59,5 +65,7 @@ def training_progress(work: Path) -> tuple[int, int] | None:
         return None
     step, latest = found[-1]
     state = torch.load(latest / STATE_NAME, map_location="cpu", weights_only=False)
-    total = state.get("total_steps")
-    return (int(state.get("step", step)), int(total)) if total else None
+    total, seconds = state.get("total_steps"), state.get("seconds_so_far")
+    if not total:
+        return None
+    return TrainingProgress(int(state.get("step", step)), int(total), float(seconds) if seconds is not None else None)

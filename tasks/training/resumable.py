@@ -26,7 +26,7 @@ RECORD = ("history.json", "loss_curve.png")  # what the trainers write beside th
 def keep_record(train_dir: Path, out: Path) -> Path:
     """Copies the run's record (history.json, loss_curve.png, those present) to out/training,
     which the artifact keeps; checkpoints and model copies stay behind."""
-    dest = Path(out) / "training"
+    dest = Path(out) / TRAINING
     if Path(train_dir).resolve() != dest.resolve():
         dest.mkdir(parents=True, exist_ok=True)
         for name in RECORD:

@@ -16,7 +16,7 @@ from tasks.compute.device import resolve_device
 from tasks.compute.encode import EncodeSettings
 from tasks.compute.origin import Origin, origin_of
 from tasks.engine import Stage, StageParams
-from tasks.training.arguments import TrainerArgs, trainer_settings_of
+from tasks.training.arguments import TrainerArgs, trainer_settings_of, written_flat
 
 logger = logging.getLogger("passage_forge")
 
@@ -65,7 +65,7 @@ class DenseTrainConfig(BaseModel):
         flat and in `schedule:` is refused."""
         if not isinstance(data, dict):
             return data
-        if not any(k in TrainerArgs.model_fields and k not in cls.model_fields for k in data):
+        if not written_flat(data, own=cls.model_fields):
             return data   # nothing flat: a schedule object given as one stays as it is
         rest, schedule = trainer_settings_of(data, own=cls.model_fields)
         return {**rest, "schedule": schedule}
