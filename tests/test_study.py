@@ -332,7 +332,7 @@ def test_a_part_built_step_is_priced_at_what_its_latest_checkpoint_leaves(repo, 
     assert training_progress(work) is None   # a folder without its state is no checkpoint
     torch.save({"step": 30, "total_steps": 40}, checkpoint / "trainer_state.pt")   # an older one: no time
     assert training_progress(work) == (30, 40, None)
-    status = row_status(study.row("bm25"), plan, open_store(root), records, ZEN3)
+    status = row_status(study.row("bm25"), Plans(study), open_store(root), records, ZEN3)
     assert status.state == RESUMABLE and "bm25_search (step 30 of 40) part-built" in status.detail
     left = {price.step: price for price in status.left}
     assert left["bm25_search"].seconds == pytest.approx(150.0) and "from step 30 of 40" in left["bm25_search"].basis
@@ -340,9 +340,27 @@ def test_a_part_built_step_is_priced_at_what_its_latest_checkpoint_leaves(repo, 
     # A checkpoint that says its own time prices the rest at its own rate, before any record's.
     torch.save({"step": 30, "total_steps": 40, "seconds_so_far": 90.0}, checkpoint / "trainer_state.pt")
     for known in ({}, records):   # and prices it where no record has the step
-        left = {p.step: p for p in row_status(study.row("bm25"), plan, open_store(root), known, ZEN3).left}
+        left = {p.step: p for p in row_status(study.row("bm25"), Plans(study), open_store(root), known, ZEN3).left}
         assert left["bm25_search"].seconds == pytest.approx(30.0)
         assert left["bm25_search"].basis == "its own 3.0 s a step here, from step 30 of 40"
+
+
+def test_a_step_is_priced_only_from_records_over_the_same_passages(repo):
+    from flows.study.status import Plans, passages_of, row_status
+
+    _, study = repo
+    plans = Plans(study)
+    passages = passages_of(plans(study.row("bm25")))
+    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
+
+    def priced_from(versions: dict) -> list:
+        record = {"recorded_at": "2026-12-01T00:00:00+00:00", "machine": ZEN3, "versions": versions,
+                  "stages": [{"step": s, "version": "v", "build_s": 60.0} for s in steps]}
+        return [p.seconds for p in row_status(study.row("bm25"), plans, None, {"r": record}, ZEN3).left]
+
+    assert passages and priced_from({"chunk": passages}) == [60.0] * 6
+    assert priced_from({"chunk": "another-corpus"}) == [None] * 6   # same names, other work
+    assert priced_from({}) == [60.0] * 6   # a record that names no passages: its config's (the default)
 
 
 def test_a_row_with_an_unpriced_step_shows_its_priced_part(repo, tmp_path_factory):

@@ -1,5 +1,6 @@
 """A row's price on this machine, from the stage times the committed records measured: for every
-step the local root lacks, the newest time of the same step on this CPU, else on another CPU
+step the local root lacks, the newest time of the same step over the same passages (a step's name
+means other work on another corpus) on this CPU, else on another CPU
 scaled by the two machines' fp32 matrix-product probes (unscaled where a record has no probe), else the time of its first-seed twin
 (`train:gold-s2` is priced as `train:gold-s1`); what is left of a part-built training at the rate
 its own checkpoints measured. A step nobody has measured is unknown, not guessed."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
     from tasks.training.checkpoints import TrainingProgress
@@ -22,19 +23,25 @@ class StepPrice:
     basis: str                 # "this CPU", "scaled from CPU KEY", "as STEP", "unknown"
 
 
-def measured_steps(records: dict[str, dict]) -> dict[str, list[tuple[dict, dict]]]:
-    """step name -> [(stage time, machine)] over every record, newest record first."""
-    out: dict[str, list[tuple[dict, dict]]] = {}
+Measured = dict[tuple[Optional[str], str], list[tuple[dict, dict]]]
+
+
+def measured_steps(records: dict[str, dict], passages_of: Callable[[dict], str | None] = lambda record: None
+                   ) -> Measured:
+    """(passages, step name) -> [(stage time, machine)] over every record, newest record first;
+    `passages_of(record)` names the passages the record's steps read (None: not told apart)."""
+    out: Measured = {}
     for record in sorted(records.values(), key=lambda r: r.get("recorded_at", ""), reverse=True):
+        passages = passages_of(record)
         for stage in record.get("stages", []):
             if stage.get("build_s") is not None:
-                out.setdefault(stage["step"], []).append((stage, record.get("machine") or {}))
+                out.setdefault((passages, stage["step"]), []).append((stage, record.get("machine") or {}))
     return out
 
 
-def price_step(step: str, measured: dict[str, list[tuple[dict, dict]]], machine: dict) -> StepPrice:
+def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None) -> StepPrice:
     for name, basis in ((step, None), (SEED_SUFFIX.sub("-s1", step), f"as {SEED_SUFFIX.sub('-s1', step)}")):
-        times = measured.get(name) or []
+        times = measured.get((passages, name)) or []
         here = [t for t, m in times if m.get("key") == machine.get("key")]
         if here:
             return StepPrice(step, float(here[0]["build_s"]), basis or "this CPU")
@@ -47,11 +54,6 @@ def price_step(step: str, measured: dict[str, list[tuple[dict, dict]]], machine:
             t, m = times[0]
             return StepPrice(step, float(t["build_s"]), (basis + ", " if basis else "") + f"unscaled, {m.get('key', '?')}")
     return StepPrice(step, None, "unknown")
-
-
-def price_steps(steps: list[str], records: dict[str, dict], machine: dict) -> list[StepPrice]:
-    measured = measured_steps(records)
-    return [price_step(step, measured, machine) for step in steps]
 
 
 def remaining(price: StepPrice, progress: TrainingProgress | None) -> StepPrice:

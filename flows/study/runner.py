@@ -175,7 +175,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         left = deadline - time.monotonic()
         if left <= 0:
             return recorded
-        status = row_status(row, plans(row), open_store(root), read_records(study.folder), machine)
+        status = row_status(row, plans, open_store(root), read_records(study.folder), machine)
         if status.state == MEASURED:
             continue
         price = status.seconds_left
@@ -193,7 +193,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         if left < ADVANCE_MIN_S:
             break
         say(f"study: {row.name}: nothing else fits; advancing it with the {format_duration(left)} left")
-        if not build(row, row_status(row, plans(row), open_store(root), read_records(study.folder), machine)):
+        if not build(row, row_status(row, plans, open_store(root), read_records(study.folder), machine)):
             break
     return recorded
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from flows.study.definition import Row, Study
-from flows.study.estimate import StepPrice, format_duration, price_steps, remaining, total_seconds
+from flows.study.estimate import StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds
 from flows.study.measure import planned_steps
 from storage import ArtifactStore
 from storage.paths import work_dir
@@ -17,6 +17,7 @@ from tasks.engine import Plan
 from tasks.training.checkpoints import TrainingProgress, training_progress
 
 MEASURED, RESUMABLE, BUILT, NOT_STARTED = "measured", "resumable", "built, not recorded", "not started"
+PASSAGES = "chunk"   # the step whose output is the corpus's passages
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,28 @@ class Plans:
             self._plans[path] = plan_for(load_config(path))
         return self._plans[path]
 
+    def passages_of_record(self, record: dict) -> str | None:
+        """The passages a record's steps read: the `chunk` version it names, else its config's."""
+        from tasks.config import PROJECT_ROOT
+
+        named = (record.get("versions") or {}).get(PASSAGES)
+        path = PROJECT_ROOT / (record.get("config") or self.study.default_config)
+        return named or (passages_of(self._plan(path)) if path.is_file() else None)
+
+
+def passages_of(plan: Plan) -> str | None:
+    """The version of the passages a plan reads: a step of the same name over the same passages
+    does the same work (on another corpus it does not)."""
+    return plan.planned_version(PASSAGES) if PASSAGES in plan else None
+
 
 def open_store(root: Path) -> ArtifactStore | None:
     return ArtifactStore(root, create=False) if root.is_dir() else None
 
 
-def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[str, dict],
+def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dict[str, dict],
                machine: dict, progress: Callable[[Path], TrainingProgress | None] = training_progress) -> RowStatus:
-    record = records.get(row.name)
+    plan, record = plans(row), records.get(row.name)
     if record is not None:
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
         commit = (record.get("commit") or "?")[:10]
@@ -86,8 +101,9 @@ def row_status(row: Row, plan: Plan, store: ArtifactStore | None, records: dict[
             built.append(name)
         elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
             in_flight[name] = progress(work)
-    left = [remaining(price, in_flight.get(price.step))
-            for price in price_steps([s for s in steps if s not in built], records, machine)]
+    measured = measured_steps(records, plans.passages_of_record)
+    left = [remaining(price_step(name, measured, machine, passages_of(plan)), in_flight.get(name))
+            for name in steps if name not in built]
     if len(built) == len(steps):
         return RowStatus(row, BUILT, "its artifact is in the local root", left)
     if built or in_flight:
@@ -110,7 +126,7 @@ def study_status(study: Study, root: Path, records: dict[str, dict], machine: di
     plans = plans or Plans(study)
     store = open_store(root)
     progress = functools.cache(training_progress)   # rows that share a step read its checkpoint once
-    return [row_status(row, plans(row), store, records, machine, progress) for row in study.ordered()]
+    return [row_status(row, plans, store, records, machine, progress) for row in study.ordered()]
 
 
 def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: dict) -> str:
