@@ -154,7 +154,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         """Builds and records `row`; False when the budget ended in it."""
         left = deadline - time.monotonic()
         if status.state != BUILT:
-            say(f"study: {row.name}: {status.state}, priced {format_duration(status.seconds_left)} here; building "
+            say(f"study: {row.name}: {status.state}, priced {status.left_text()} here; building "
                 f"({format_duration(left)} of budget left)")
             rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{file_safe(row.name)}.log",
                               left, machine["threads"])
