@@ -78,7 +78,7 @@ def test_tables_come_from_the_records_alone(tmp_path):
     study = _study_folder(
         tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1},
                    {"name": "c", "stage": "bm25_search", "priority": 2}],
-        claims=[{"paper": "P1", "claim": "a beats b", "a": "a", "b": "b", "k": 1},
+        claims=[{"paper": "P1", "claim": "a beats b", "a": "a", "b": "b", "k": 1, "setting": "batch 16 (paper: 2,048)"},
                 {"paper": "P2", "claim": "a beats c", "a": "a", "b": "c", "k": 1}],
         bars=[{"bar": "top-1 >= 60", "rows": ["a", "b"], "k": 1, "at_least": 60}])
     # a: 30 of 40 at rank 1; b: 10 of 40 at rank 1, 20 more at rank 5, the rest missed.
@@ -89,8 +89,8 @@ def test_tables_come_from_the_records_alone(tmp_path):
     r = compare(results, "a", "b", 1, samples=2000)
     assert r["difference"] == pytest.approx(0.5) and 0 < r["low"] < 0.5 < r["high"]
     text = study_tables(study, samples=2000)
-    assert "| P1 | a beats b | top-1 75.0 vs 25.0 (a vs b) | [+" in text and "| yes |" in text
-    assert "| P2 | a beats c | not measured: c | - | - |" in text
+    assert "| P1 | a beats b | top-1 75.0 vs 25.0 (a vs b) | [+" in text and "| yes | batch 16 (paper: 2,048) |" in text
+    assert "| P2 | a beats c | not measured: c | - | - | - |" in text   # no setting given
     assert "| top-1 >= 60 | a: top-1 75.0 (best of 2 of 2 rows measured) | met |" in text
     assert "| a | 40 | 75.0 | 100.0 | 100.0 | 100.0 | - | AMD EPYC (family 25 model 1), 2 threads; commit cccccccccc |" in text
     assert study_tables(study, samples=2000) == text   # the same records give the same tables

@@ -38,6 +38,8 @@ class Claim(BaseModel):
     b: Optional[str] = None
     k: Optional[int] = Field(None, ge=1)
     row: Optional[str] = None
+    setting: Optional[str] = Field(None, description="where the rows differ from the paper's setting (the CPU's size, "
+                                                     "another model), with the paper's in brackets")
 
 
 class Bar(BaseModel):

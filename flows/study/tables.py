@@ -80,6 +80,11 @@ def compare(results: Results, a: str, b: str, k: int, samples: int, seed: int = 
 
 
 def claim_line(results: Results, claim: Claim, samples: int) -> str:
+    """The claim's row: what was measured, the interval, the verdict and the setting it ran at."""
+    return claim_cells(results, claim, samples) + f" {claim.setting or '-'} |"
+
+
+def claim_cells(results: Results, claim: Claim, samples: int) -> str:
     from tasks.evaluation.bootstrap import verdict
 
     if claim.row is not None:
@@ -108,8 +113,8 @@ def _classifier_line(claim: Claim, record: dict | None) -> str:
 
 
 def reproduction_table(results: Results, samples: int, claims: list[Claim] | None = None) -> list[str]:
-    return (["| paper | claim | here (A vs B, test split) | 95% interval of A - B | reproduced? |",
-             "|---|---|---|---|---|"] + [claim_line(results, c, samples)
+    return (["| paper | claim | here (A vs B, test split) | 95% interval of A - B | reproduced? | setting here (the paper's) |",
+             "|---|---|---|---|---|---|"] + [claim_line(results, c, samples)
                                          for c in (results.study.claims if claims is None else claims)])
 
 
