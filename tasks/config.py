@@ -192,7 +192,7 @@ class PipelineConfig(_Strict):
         for rerank in self.rerank:
             if rerank.run not in systems:
                 raise ValueError(f"rerank run {rerank.run!r} names no system of this config; systems: {systems}")
-        names = [r.system for r in self.rerank]
+        names = [name for r in self.rerank for name in r.systems]
         taken = [n for n in names if n in systems or names.count(n) > 1]
         if taken:
             raise ValueError(f"rerank systems {sorted(set(taken))}: each rerank needs a name of its own (name:), "

@@ -146,6 +146,11 @@ CE = "cross_encoder: {}\n"
     ("name: x\n" + CE + "rerank: [{run: nosuchsystem}]\n", r"rerank run 'nosuchsystem' names no system.*'bm25'"),
     ("name: x\ndense: {systems: [{name: a}]}\n" + CE + "rerank: [{run: a}, {run: a}]\n", r"rerank systems \['a-rerank'\]"),
     ("name: x\ndense: {systems: [{name: a}]}\n" + CE + "rerank: [{run: bm25, name: a}]\n", r"rerank systems \['a'\]"),
+    ("name: x\n" + CE + "rerank: [{run: bm25, name: r, mix: {name: r}}]\n", r"rerank systems \['r'\]"),
+    ("name: x\n" + CE + "rerank: [{run: bm25, splits: [test], mix: {}}]\n",
+     r"mix\.tune_split 'dev' is not reranked \(splits: \['test'\]\)"),
+    ("name: x\n" + CE + "rerank: [{run: bm25, depth: 5, mix: {tune_k: 5}}]\n", r"mix\.tune_k 5 must be below depth 5"),
+    ("name: x\n" + CE + "rerank: [{run: bm25, mix: {alphas: [0.5, 1.5]}}]\n", r"every alpha must be in \[0, 1\]"),
     ("name: x\nfusion: [{name: f, runs: [bm25, nope]}]\n", r"fusion 'f': runs \['nope'\] name no system"),
     ("name: x\ndense: {systems: [{name: a}]}\nfusion: [{name: f, runs: [bm25, g]}, {name: g, runs: [bm25, a]}]\n",
      r"fusion 'f': runs \['g'\]"),  # a fusion fuses earlier systems only
@@ -194,6 +199,8 @@ def test_systems_a_config_produces_can_be_fused_and_reranked(tmp_path):
                     "rerank: [{run: g}, {run: 'hybrid(a)'}, {run: bm25}]\nsilver: {retriever: a}\n")
     cfg = load_config(path)
     assert [r.system for r in cfg.rerank] == ["g-rerank", "hybrid-a-rerank", "bm25-rerank"]
+    path.write_text("name: x\n" + CE + "rerank: [{run: bm25, mix: {}}, {run: bm25, name: r2, mix: {name: m2}}]\n")
+    assert [r.systems for r in load_config(path).rerank] == [["bm25-rerank", "bm25-rerank-mix"], ["r2", "m2"]]
 
 
 @pytest.mark.parametrize("ratios, needle", [

@@ -9,6 +9,7 @@ import torch
 
 from models.cross_encoder import CrossEncoderModel
 from models.losses import ListwiseKLLoss, MarginMSELoss, build_loss
+from tasks.rerank.mix import choose_alpha, heads_of, mixed_run, standardised
 from tasks.rerank.rerank import rerank_run
 from tasks.schemas import GOLD, RUNS
 from tasks.silver.classifier import (ClassifierTrainArgs, DevClassification, ShuffledBatches, auc, best_threshold,
@@ -96,6 +97,56 @@ def test_distillation_losses_against_hand_computed_values():
     with pytest.raises(ValueError, match="teacher"):
         margin.compute_loss_from_embeddings(q, p, n)
     assert build_loss("margin_mse", Identity()).uses_teacher_scores
+
+
+def _mix_case():
+    """q1's head a, b, c (first-stage scores 3, 2, 0) reranked with logits 0, 1, 5; d below depth."""
+    first = pa.table({"qid": ["q1"] * 4 + ["q2"] * 2, "pid": ["a", "b", "c", "d", "e", "f"], "rank": [1, 2, 3, 4, 1, 2],
+                      "score": [3.0, 2.0, 0.0, -1.0, 1.0, 0.5], "system": ["x"] * 6}, schema=RUNS)
+    logit = {"a": 0.0, "b": 1.0, "c": 5.0, "d": 99.0, "e": 0.0, "f": 2.0}
+    reranked = rerank_run(first, {"q1": "Q1", "q2": "Q2"}, {p: p for p in logit},
+                          lambda pairs: [logit[text] for _, text in pairs], depth=3, system="r")
+    return first, reranked
+
+
+def test_a_mix_orders_the_head_by_weighted_z_scores_and_keeps_the_tail():
+    first, reranked = _mix_case()
+    heads = heads_of(first, reranked, depth=3)
+    assert heads["q1"].pids == ["a", "b", "c"] and heads["q1"].tail == ["d"]
+    assert heads["q1"].first == pytest.approx(standardised(np.array([3.0, 2.0, 0.0])))
+    assert heads["q1"].logit == pytest.approx(standardised(np.array([0.0, 1.0, 5.0])))
+
+    def order(alpha):
+        run = mixed_run(heads, alpha, "m")
+        assert run.column("score").to_pylist()[:4] == sorted(run.column("score").to_pylist()[:4], reverse=True)
+        return [p for q, p in zip(run.column("qid").to_pylist(), run.column("pid").to_pylist()) if q == "q1"]
+    assert order(0.0) == ["a", "b", "c", "d"]          # the first stage's order
+    assert order(1.0) == ["c", "b", "a", "d"]          # the classifier's; d stays below, its logit unused
+    # z(first) = 1.069, 0.267, -1.336 and z(logit) = -0.926, -0.463, 1.389: c passes b at alpha 0.464,
+    # a at 0.510; b passes a at 0.634
+    assert order(0.45) == ["a", "b", "c", "d"]
+    assert order(0.5) == ["a", "c", "b", "d"]
+    assert order(0.6) == ["c", "a", "b", "d"]
+    assert order(0.7) == ["c", "b", "a", "d"]
+    run = mixed_run(heads, 0.0, "m")
+    assert [p for q, p in zip(run.column("qid").to_pylist(), run.column("pid").to_pylist()) if q == "q2"] == ["e", "f"]
+    assert set(run.column("system").to_pylist()) == {"m"}
+
+
+def test_the_mix_weight_is_the_best_on_the_tuning_questions_and_ties_go_to_the_earlier():
+    first, reranked = _mix_case()
+    heads = heads_of(first, reranked, depth=3)
+
+    def c_first(run):  # 1 when q1's top passage is c
+        return float(run.filter(pa.compute.equal(run.column("rank"), 1)).column("pid").to_pylist()[0] == "c")
+    alpha, curve = choose_alpha({"q1": heads["q1"]}, c_first, alphas=[0.0, 0.5, 0.7, 0.9, 1.0])
+    assert alpha == 0.7 and curve == {0.0: 0.0, 0.5: 0.0, 0.7: 1.0, 0.9: 1.0, 1.0: 1.0}
+
+
+def test_a_mix_refuses_a_rerank_that_lacks_the_head():
+    first, reranked = _mix_case()
+    with pytest.raises(ValueError, match=r"question 'q1': passage 'd' is in the first stage's top 4 but not in the rerank"):
+        heads_of(first, reranked.filter(pa.compute.not_equal(reranked.column("pid"), "d")), depth=4)
 
 
 def test_rerank_orders_the_head_by_score_and_keeps_the_tail():

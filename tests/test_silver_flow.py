@@ -26,7 +26,8 @@ def _config(tmp_path, checkpoint):
         # threshold 0: every candidate is kept, so the tiny run has silver pairs whatever p is
         "silver": {"queries": ["train"], "retriever": "zs", "top_k": 3, "threshold": 0.0, "max_queries": 12,
                    "shard_size": 10},
-        "rerank": [{"run": "bm25", "depth": 5, "splits": ["test"]}],
+        "rerank": [{"run": "bm25", "depth": 5, "splits": ["test"]},
+                   {"run": "zs", "depth": 5, "splits": ["dev", "test"], "mix": {"tune_k": 1}}],
         "dense": {"encode": {"batch_size": 16, "passage_max_len": 96, "query_max_len": 32},
                   "systems": [{"name": "zs", "model": model},
                               {"name": "weighted", "model": model,
@@ -88,10 +89,27 @@ def test_silver_pipeline(silver_run):
     # The reranked BM25 run: evaluated on the test split only, same passages per question as BM25's top 5.
     splits = store.sql("SELECT DISTINCT split FROM metrics WHERE system = 'bm25-rerank'").column(0).to_pylist()
     assert set(splits) == {"test", "all"}
-    same = store.sql("""SELECT count(*) FROM (SELECT qid, pid FROM reranked_runs WHERE rank <= 5
+    same = store.sql("""SELECT count(*) FROM (SELECT qid, pid FROM reranked_runs WHERE rank <= 5 AND system = 'bm25-rerank'
                         EXCEPT SELECT r.qid, r.pid FROM bm25_runs r JOIN questions q USING (qid)
                         WHERE r.rank <= 5 AND q.split = 'test')""").column(0)[0].as_py()
     assert same == 0
+
+    # The mix: zs's top 5 of the dev and test questions, reordered; alpha the best on dev top-1, where
+    # alpha 0 is zs's own order and 1 the classifier's (the evaluation's dev top-1 of each).
+    mix = store.get("reranked_runs", versions["rerank:zs-rerank-mix"])
+    curve = {float(a): v for a, v in mix.manifest["stats"]["tune_curve"].items()}
+    assert len(curve) == 21 and mix.manifest["stats"]["tune_score"] == max(curve.values())
+    assert curve[mix.manifest["stats"]["alpha"]] == max(curve.values())
+    assert set(mix.manifest["inputs"]) >= {"rerank:zs-rerank", "search:zs"}
+
+    def dev_top1(system):
+        return store.sql(f"""SELECT value FROM metrics WHERE system = '{system}' AND split = 'dev'
+                             AND metric = 'top_k_accuracy' AND k = 1""").column(0)[0].as_py()
+    assert curve[0.0] == pytest.approx(dev_top1("zs")) and curve[1.0] == pytest.approx(dev_top1("zs-rerank"))
+    heads = store.sql("""SELECT count(*) FROM (SELECT qid, pid FROM reranked_runs WHERE system = 'zs-rerank-mix'
+                         AND rank <= 5 EXCEPT SELECT r.qid, r.pid FROM dense_runs r JOIN questions q USING (qid)
+                         WHERE r.system = 'zs' AND r.rank <= 5 AND q.split IN ('dev', 'test'))""").column(0)[0].as_py()
+    assert heads == 0
     report = (store.get("evaluation", versions["evaluate"]).path / "report.md").read_text()
     assert "## Cross-attention classifier" in report and "| majority (always false) | " in report
     assert "## Silver pairs" in report and f"| train | 12 | {by_source['candidates']} |" in report

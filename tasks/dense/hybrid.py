@@ -222,6 +222,22 @@ def reciprocal_rank_fusion(
     return _rank_table(qids, pids, [score], k, system, score)
 
 
+def split_scorer(inputs: Mapping, split: str, metric: str, k: int, match_type: str, system: str,
+                 among: Sequence[str] | None = None) -> tuple[str, Callable[[pa.Table], float], pa.Table]:
+    """`tune_scorer` over the questions of `split` (those of them in `among`, when given), read from a
+    stage's inputs `ingest_questions`, `chunk` and `link_gold`: (metric name, run -> float, questions)."""
+    questions = inputs["ingest_questions"].read_table("questions")
+    if among is not None:
+        questions = questions.filter(pc.is_in(questions.column("qid"), value_set=pa.array(sorted(among))))
+    tune = questions.filter(pc.equal(questions.column("split"), split))
+    if tune.num_rows == 0:
+        raise ValueError(f"{system}: no questions in split {split!r} to tune on")
+    passages = inputs["chunk"].read_table(columns=["pid", "text"])
+    passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
+    metric, score_fn = tune_scorer(metric, tune, passage_text, inputs["link_gold"].read_table(), k, match_type)
+    return metric, score_fn, tune
+
+
 def tune_scorer(metric: str, tune_questions: pa.Table, passage_text: Mapping[str, str], gold: pa.Table,
                 k: int, match_type: str = "string") -> tuple[str, Callable[[pa.Table], float]]:
     """The score `choose_weight` maximises on the tuning split, as (name, run -> float).

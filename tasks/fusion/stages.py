@@ -107,16 +107,10 @@ def build_fusion(params: FusionParams, inputs: dict[str, Artifact], out: Path) -
 
 
 def _tuning(params: "FusionParams | EmbeddingFusionParams", inputs: dict[str, Artifact]):
-    from tasks.dense.hybrid import tune_scorer
+    from tasks.dense.hybrid import split_scorer
 
-    questions = inputs["ingest_questions"].read_table("questions")
-    tune = questions.filter(pc.equal(questions.column("split"), params.tune_split))
-    if tune.num_rows == 0:
-        raise ValueError(f"{params.system}: no questions in split {params.tune_split!r} to choose the weights on")
-    passages = inputs["chunk"].read_table(columns=["pid", "text"])
-    passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
-    metric, score_fn = tune_scorer(params.tune_metric, tune, passage_text, inputs["link_gold"].read_table(),
-                                   params.tune_k, params.match_type)
+    metric, score_fn, tune = split_scorer(inputs, params.tune_split, params.tune_metric, params.tune_k,
+                                          params.match_type, params.system)
     return metric, score_fn, tune.column("qid")
 
 

@@ -1,26 +1,51 @@
 """Rerank family: `rerank:` entries, each a stage `rerank:NAME` whose cross-attention classifier
 (the `cross_encoder` stage) reorders the top `depth` of another system's run (BM25, a dense
-system, a hybrid or fusion): an evaluated system (paper 001's classifier as a reranker)."""
+system, a hybrid or fusion): an evaluated system (paper 001's classifier as a reranker). An
+entry with `mix:` adds a stage `rerank:NAME-mix`, the same head ordered by a mix of the
+classifier's and the first stage's scores whose weight is chosen on a tuning split
+(tasks/rerank/mix.py)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.compute.score import SCORING_SAMPLE, ScoringSettings, cross_encoder_on, scoring_agreement
 from tasks.engine import Stage, StageParams
 from tasks.fusion.runs import run_stages_by_system
+from tasks.rerank.mix import DEFAULT_ALPHAS
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 
 logger = logging.getLogger("passage_forge")
+
+
+class MixConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description="system name (default: the rerank's "
+                                                                                "system + '-mix')")
+    tune_split: str = Field("dev", description="split on which alpha is chosen (the rerank must cover it)")
+    tune_k: int = Field(1, ge=1, description="cut-off of the metric maximised when choosing alpha (below depth: "
+                                             "the head's order matters only there)")
+    tune_metric: Literal["auto", "accuracy", "ndcg"] = Field(
+        "auto", description="top-k answer accuracy, or nDCG@k on the gold qrels; 'auto': accuracy when questions "
+                            "carry answers")
+    alphas: list[float] = Field(default_factory=lambda: list(DEFAULT_ALPHAS), min_length=1, description=(
+        "the classifier's weights tried, each in [0, 1] (0: the first stage's order, 1: the classifier's)"))
+
+    @field_validator("alphas")
+    @classmethod
+    def _in_unit_interval(cls, alphas: list[float]) -> list[float]:
+        if any(not 0.0 <= a <= 1.0 for a in alphas):
+            raise ValueError(f"every alpha must be in [0, 1], got {alphas}")
+        return alphas
 
 
 class RerankConfig(BaseModel):
@@ -31,10 +56,35 @@ class RerankConfig(BaseModel):
     splits: Optional[list[str]] = Field(None, description="questions reranked, by split (empty: all); the system "
                                                           "is evaluated on these splits only")
     shard_questions: int = Field(200, ge=1, description="questions per resumable shard")
+    mix: Optional[MixConfig] = Field(None, description="also a system whose head mixes the classifier's and the "
+                                                       "first stage's z-scored scores, the weight chosen on a split")
+
+    @model_validator(mode="after")
+    def _mix_is_tunable(self):
+        if self.mix is None:
+            return self
+        if self.splits is not None and self.mix.tune_split not in self.splits:
+            raise ValueError(f"rerank of {self.run!r}: mix.tune_split {self.mix.tune_split!r} is not reranked "
+                             f"(splits: {self.splits}); add it to splits")
+        if self.mix.tune_k >= self.depth:
+            raise ValueError(f"rerank of {self.run!r}: mix.tune_k {self.mix.tune_k} must be below depth {self.depth}: "
+                             "the top-k of a reordered head of depth <= k is the same passages whatever the weight")
+        return self
 
     @property
     def system(self) -> str:
         return self.name or f"{self.run}-rerank".replace("(", "-").replace(")", "")
+
+    @property
+    def mix_system(self) -> Optional[str]:
+        if self.mix is None:
+            return None
+        return self.mix.name or f"{self.system}-mix"
+
+    @property
+    def systems(self) -> list[str]:
+        """The systems this entry makes: the reranked run, and the mix where there is one."""
+        return [self.system] + ([self.mix_system] if self.mix is not None else [])
 
 
 class RerankParams(StageParams):
@@ -126,6 +176,35 @@ def _agreement(job: _RerankJob, spec, table: pa.Table) -> dict:
     return scoring_agreement(job.model, job.scoring, [(question_of[q], text_of[p]) for q, p in keys], sigmoid(logits))
 
 
+class MixParams(StageParams):
+    system: str
+    run_stage: str           # the first stage's runs
+    rerank_stage: str        # the classifier's reranking of them
+    depth: int
+    tune_split: str
+    tune_k: int
+    tune_metric: str
+    alphas: list[float]
+    match_type: str
+
+
+def build_mix(params: MixParams, inputs: dict[str, Artifact], out: Path) -> dict:
+    from tasks.dense.hybrid import split_scorer
+    from tasks.rerank.mix import choose_alpha, heads_of, mixed_run
+
+    heads = heads_of(inputs[params.run_stage].read_table(), inputs[params.rerank_stage].read_table(), params.depth)
+    metric, score_fn, tune = split_scorer(inputs, params.tune_split, params.tune_metric, params.tune_k,
+                                          params.match_type, params.system, among=list(heads))
+    tune_heads = {q: heads[q] for q in tune.column("qid").to_pylist()}
+    alpha, scores = choose_alpha(tune_heads, score_fn, params.alphas, params.system)
+    logger.info("%s: alpha %s chosen on %s (%s %.4f; 0 = the first stage, 1 = the classifier)", params.system, alpha,
+                params.tune_split, metric, scores[alpha])
+    write_table(out, mixed_run(heads, alpha, params.system))
+    return {"stats": {"alpha": alpha, "tune_split": params.tune_split, "tune_metric": metric,
+                      "tune_score": scores[alpha], "tune_curve": {str(a): v for a, v in scores.items()},
+                      "questions": len(heads), "tune_questions": len(tune_heads), "depth": params.depth}}
+
+
 def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     if not cfg.rerank:
         return []
@@ -143,4 +222,11 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
         out.append(Stage(f"rerank:{r.system}", "reranked_runs", "1",
                          ("cross_encoder", "ingest_questions", "chunk", known[r.run]), params, build_rerank,
                          produces_runs=True, resumable=True, variant={"system": r.system}))
+        if r.mix is not None:
+            mix = MixParams(system=r.mix_system, run_stage=known[r.run], rerank_stage=f"rerank:{r.system}",
+                            depth=r.depth, tune_split=r.mix.tune_split, tune_k=r.mix.tune_k,
+                            tune_metric=r.mix.tune_metric, alphas=r.mix.alphas, match_type=cfg.evaluation.match_type)
+            out.append(Stage(f"rerank:{r.mix_system}", "reranked_runs", "1",
+                             ("ingest_questions", "chunk", "link_gold", known[r.run], f"rerank:{r.system}"), mix,
+                             build_mix, produces_runs=True, variant={"system": r.mix_system}))
     return out
