@@ -71,6 +71,9 @@ def plan_text(config_name: str, root: Path, stages: list[PlannedStage]) -> str:
 MAX_NODES = 16
 """The most nodes one drawing of a plan holds. A plan whose whole drawing (`--reduced`) has more is
 drawn as its stage families (`overview`) and in `parts` of at most this many nodes, as the docs draw it."""
+MAX_WIDTH = 120
+"""The widest a part's drawing may grow, in characters of its labels (`estimated_widths`): a wider
+one is scaled down to the page's width until its labels are hard to read."""
 COLLAPSED_ABOVE = 3
 """A stage of a part reading more than this many stages of one family from other parts has them
 drawn as one node ("16 search stages"): the evaluation reads every system's search."""
@@ -205,9 +208,15 @@ def overview(plan: Plan) -> Drawing:
 def _narrower(drawn: Drawing) -> Drawing:
     """`drawn` ranked left to right when that is narrower than top-down: the page's width is what a
     drawing is scaled down to, so a wide fan of inputs into one stage (the evaluation's) is drawn across
-    and a long chain (a system's) down. The width is estimated in characters: top-down, the widest rank's
-    labels side by side; left to right, each rank's longest label one after the other (a node's padding
-    and the gap to the next about PADDING characters)."""
+    and a long chain (a system's) down (`estimated_widths`)."""
+    top_down, across = estimated_widths(drawn)
+    return replace(drawn, direction="LR" if across < top_down else "TD")
+
+
+def estimated_widths(drawn: Drawing) -> tuple[int, int]:
+    """`drawn`'s width top-down and left to right, estimated in characters: top-down, the widest
+    rank's labels side by side; left to right, each rank's longest label one after the other (a
+    node's padding and the gap to the next about PADDING characters)."""
     rank: dict[str, int] = {}
     for node in drawn.nodes:   # longest path from a source; STAGE nodes come in run order, sources first
         rank.setdefault(node.id, 0)
@@ -221,9 +230,7 @@ def _narrower(drawn: Drawing) -> Drawing:
     ranks: dict[int, list[int]] = {}
     for node in drawn.nodes:
         ranks.setdefault(rank[node.id], []).append(len(node.label) + PADDING)
-    top_down = max(sum(widths) for widths in ranks.values())
-    across = sum(max(widths) for widths in ranks.values())
-    return replace(drawn, direction="LR" if across < top_down else "TD")
+    return max(sum(widths) for widths in ranks.values()), sum(max(widths) for widths in ranks.values())
 
 
 PADDING = 10
@@ -280,9 +287,9 @@ def fits_one_drawing(plan: Plan) -> bool:
 
 def parts(plan: Plan) -> list[Part]:
     """The parts a large plan is drawn in, each of at most MAX_NODES nodes (its stages and those it
-    reads from other parts): the plan's units in run order, a unit being a system's stages
-    (`train:X`, `encode:X`, `index:X`, `search:X`...) or the other stages of one family, packed into a
-    part while they fit. A plan that `fits_one_drawing` is one part."""
+    reads from other parts) and at most MAX_WIDTH characters wide: the plan's units in run order, a
+    unit being a system's stages (`train:X`, `encode:X`, `index:X`, `search:X`...) or the other
+    stages of one family, packed into a part while they fit. A plan that `fits_one_drawing` is one part."""
     if fits_one_drawing(plan):
         return [Part("every stage", tuple(plan.names()))]
     systems = _systems(plan)
@@ -290,16 +297,17 @@ def parts(plan: Plan) -> list[Part]:
     for name in plan.names():
         units.setdefault(("system", systems[name]) if name in systems else ("family", family(name)), []).append(name)
 
-    def size(names: list[str]) -> int:
-        return len(_part_drawing(plan, set(names)).nodes)
+    def fits(names: list[str]) -> bool:
+        drawn = _part_drawing(plan, set(names))
+        return len(drawn.nodes) <= MAX_NODES and min(estimated_widths(drawn)) <= MAX_WIDTH
 
     packed: list[tuple[list[str], list[tuple[str, str]]]] = []   # (stages, units) of each part
     current: list[str] = []
     current_units: list[tuple[str, str]] = []
     for key, names in units.items():
-        pieces = [names] if size(names) <= MAX_NODES else [[name] for name in names]  # a unit too large: stage by stage
+        pieces = [names] if fits(names) else [[name] for name in names]  # a unit too large: stage by stage
         for piece in pieces:
-            if current and size(current + piece) > MAX_NODES:
+            if current and not fits(current + piece):
                 packed.append((current, current_units))
                 current, current_units = [], []
             current = current + piece

@@ -9,8 +9,9 @@ import re
 import pytest
 
 from flows.cli import main
-from flows.plan import (COLLAPSED_ABOVE, MAX_NODES, OUTSIDE, OVERVIEW, STAGE, Drawing, Node, dot, drawing,
-                        drawn_inputs, family, fits_one_drawing, mermaid, mermaid_text, overview, parts)
+from flows.plan import (COLLAPSED_ABOVE, MAX_NODES, MAX_WIDTH, OUTSIDE, OVERVIEW, STAGE, Drawing, Node, dot, drawing,
+                        drawn_inputs, estimated_widths, family, fits_one_drawing, mermaid, mermaid_text, overview,
+                        parts)
 from flows.registry import plan_for
 from tasks.config import PROJECT_ROOT, load_config
 from tasks.engine import NoParams, Pinned, Plan, Stage
@@ -106,6 +107,14 @@ def test_the_overview_keeps_a_loop_of_families_and_pins_to_another_run():
     text = mermaid(plan, view=OVERVIEW)
     assert '    p1_0("dense_model (another run)") -.-> f1\n' in text
     assert 'f2["encode:a"]' in text and 'f1["train (2 stages)"]' in text
+
+
+def test_a_part_is_packed_only_while_its_drawing_stays_narrow(study):
+    # The study's fusion, rerank and evaluation stages fit 16 nodes together, but drawn together
+    # their labels shrank below legibility on the page: they are parts of their own.
+    found = parts(study)
+    assert all(min(estimated_widths(drawing(study, view=i))) <= MAX_WIDTH for i in range(1, len(found) + 1))
+    assert [part.title for part in found[-3:]] == ["fusion", "rerank", "evaluate"]
 
 
 def test_a_wide_fan_into_one_stage_is_drawn_left_to_right_and_a_chain_top_down(study):
