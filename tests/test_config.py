@@ -203,6 +203,22 @@ def test_systems_a_config_produces_can_be_fused_and_reranked(tmp_path):
     assert [r.systems for r in load_config(path).rerank] == [["bm25-rerank", "bm25-rerank-mix"], ["r2", "m2"]]
 
 
+
+def test_every_tuned_system_shares_the_tuning_settings_with_its_own_defaults(tmp_path):
+    """A hybrid, a fusion and a rerank's mix tune their weights with the same three settings; the
+    mix's cut-off defaults to 1 (only the head's order is tuned), the others' to 20."""
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndense: {systems: [{name: a}], hybrid: {system: a, tune_metric: ndcg}}\n" + CE +
+                    "fusion: [{name: f, runs: [bm25, a], tune_split: test}]\n"
+                    "rerank: [{run: bm25, mix: {}}]\n")
+    cfg = load_config(path)
+    assert cfg.dense.hybrid.tuning() == {"tune_split": "dev", "tune_k": 20, "tune_metric": "ndcg"}
+    assert cfg.fusion[0].tuning() == {"tune_split": "test", "tune_k": 20, "tune_metric": "auto"}
+    assert cfg.rerank[0].mix.tuning() == {"tune_split": "dev", "tune_k": 1, "tune_metric": "auto"}
+    path.write_text("name: x\n" + CE + "rerank: [{run: bm25, mix: {tune_metric: mrr}}]\n")
+    with pytest.raises(ConfigError, match="tune_metric"):
+        load_config(path)
+
 @pytest.mark.parametrize("ratios, needle", [
     ("{train: -1, dev: 1, test: 1}", "train: -1.0"),
     ("{train: -1, dev: -1, test: -1}", "split.ratios"),

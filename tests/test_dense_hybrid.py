@@ -179,7 +179,7 @@ def _questions(qids, answers):
 
 
 def test_tune_scorer_uses_ndcg_without_answers_and_accuracy_with_them():
-    from tasks.dense.hybrid import tune_scorer
+    from tasks.fusion.tuning import tune_scorer
 
     gold = pa.table({"qid": ["q1", "q1", "q2"], "pid": ["c", "d", "x"], "relevance": [2, 1, 1]})
     name, score = tune_scorer("auto", _questions(["q1", "q2"], [[], []]), {}, gold, k=2)

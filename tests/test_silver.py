@@ -149,6 +149,22 @@ def test_a_mix_refuses_a_rerank_that_lacks_the_head():
         heads_of(first, reranked.filter(pa.compute.not_equal(reranked.column("pid"), "d")), depth=4)
 
 
+
+def test_a_mix_refuses_a_rerank_of_another_depth(tmp_path):
+    """Below its depth a reranked run keeps the first stage's ranks, so a deeper head would read
+    them as logits without a passage missing: the stage compares the depths instead."""
+    from storage import Artifact
+    from tasks.rerank.stages import MixParams, build_mix
+
+    first, reranked = _mix_case()
+    params = MixParams(system="m", run_stage="search:x", rerank_stage="rerank:r", depth=4, alphas=[0.0, 1.0],
+                       tune_split="dev", tune_k=1, tune_metric="auto", match_type="string")
+    inputs = {"search:x": Artifact("dense_runs", "f1", tmp_path),
+              "rerank:r": Artifact("reranked_runs", "r3", tmp_path, manifest={"parameters": {"depth": 3}})}
+    with pytest.raises(ValueError, match=r"m: mixes a head of 4 but rerank:r \(r3\) reranked 3 passages a question"):
+        build_mix(params, inputs, tmp_path / "out")
+    assert heads_of(first, reranked, depth=4)["q1"].pids == ["a", "b", "c", "d"]  # what the check prevents
+
 def test_rerank_orders_the_head_by_score_and_keeps_the_tail():
     run = _runs([("q1", "a", 1), ("q1", "b", 2), ("q1", "c", 3), ("q1", "d", 4), ("q2", "e", 1), ("q2", "f", 2)])
     logit = {"a": 0.1, "b": 2.0, "c": 1.0, "d": 9.0, "e": 0.0, "f": 0.0}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -220,48 +220,3 @@ def reciprocal_rank_fusion(
     pids = np.asarray(allc["pid"].to_pylist(), dtype=str)
     score = allc["c_sum"].to_numpy().astype(np.float64)
     return _rank_table(qids, pids, [score], k, system, score)
-
-
-def split_scorer(inputs: Mapping, split: str, metric: str, k: int, match_type: str, system: str,
-                 among: Sequence[str] | None = None) -> tuple[str, Callable[[pa.Table], float], pa.Table]:
-    """`tune_scorer` over the questions of `split` (those of them in `among`, when given), read from a
-    stage's inputs `ingest_questions`, `chunk` and `link_gold`: (metric name, run -> float, questions)."""
-    questions = inputs["ingest_questions"].read_table("questions")
-    if among is not None:
-        questions = questions.filter(pc.is_in(questions.column("qid"), value_set=pa.array(sorted(among))))
-    tune = questions.filter(pc.equal(questions.column("split"), split))
-    if tune.num_rows == 0:
-        raise ValueError(f"{system}: no questions in split {split!r} to tune on")
-    passages = inputs["chunk"].read_table(columns=["pid", "text"])
-    passage_text = dict(zip(passages.column("pid").to_pylist(), passages.column("text").to_pylist()))
-    metric, score_fn = tune_scorer(metric, tune, passage_text, inputs["link_gold"].read_table(), k, match_type)
-    return metric, score_fn, tune
-
-
-def tune_scorer(metric: str, tune_questions: pa.Table, passage_text: Mapping[str, str], gold: pa.Table,
-                k: int, match_type: str = "string") -> tuple[str, Callable[[pa.Table], float]]:
-    """The score `choose_weight` maximises on the tuning split, as (name, run -> float).
-
-    'accuracy': share of questions with an answer-bearing passage in the top k (DPR's measure);
-    'ndcg': mean graded nDCG@k over the split's judged questions (BEIR data has no answer strings);
-    'auto': accuracy when the questions carry answers, else nDCG."""
-    from tasks.evaluation.ir_metrics import ir_metrics
-    from tasks.evaluation.qa_metrics import carries_answers, first_hit_ranks
-
-    if metric == "auto":
-        metric = "accuracy" if carries_answers(tune_questions) else "ndcg"
-    if metric == "accuracy":
-        def accuracy(run: pa.Table) -> float:
-            ranks = first_hit_ranks(run, passage_text, tune_questions, match_type, k).column("first_hit_rank")
-            return sum(1 for r in ranks.to_pylist() if r is not None and r <= k) / max(len(ranks), 1)
-        return f"accuracy@{k}", accuracy
-    if metric != "ndcg":
-        raise ValueError(f"unknown tuning metric {metric!r}: accuracy, ndcg or auto")
-    judged = gold.filter(pc.is_in(gold.column("qid"), value_set=tune_questions.column("qid")))
-    if judged.num_rows == 0:
-        raise ValueError("hybrid: no gold judgements for the tuning questions to choose the BM25 weight by nDCG")
-
-    def ndcg(run: pa.Table) -> float:
-        rows = ir_metrics(run, judged, p_at=(), recall_at=(), ndcg_at=(k,), mrr_at=()).to_pylist()
-        return next((r["value"] for r in rows if r["split"] == "all"), 0.0)  # a fused run is one system
-    return f"ndcg@{k}", ndcg

@@ -16,31 +16,23 @@ from typing import Literal, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.compute.search import QUERY_VECTORS
-from tasks.engine import Stage, StageParams
+from tasks.engine import Stage
 from tasks.fusion.runs import run_stages_by_system
+from tasks.fusion.tuning import Tuning, TuningParams, split_scorer
 
 logger = logging.getLogger("passage_forge")
-TuneMetric = Literal["auto", "accuracy", "ndcg"]
 
 
-class _Tuning(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    tune_split: str = Field("dev", description="split on which the weights are chosen")
-    tune_k: int = Field(20, ge=1, description="cut-off of the metric maximised when choosing the weights")
-    tune_metric: TuneMetric = Field(
-        "auto", description="top-k answer accuracy, or nDCG@k on the gold qrels; 'auto': accuracy when questions carry answers")
-
-
-class HybridConfig(_Tuning):
+class HybridConfig(Tuning):
     system: str = Field(..., description="the dense system fused with BM25 (papers 000 and 003)")
 
 
-class FusionConfig(_Tuning):
+class FusionConfig(Tuning):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$", description="system name in runs and metrics")
     method: Literal["linear", "rrf", "embedding"] = Field(
         "linear", description="weighted score sum, reciprocal rank fusion, or scaled concatenated embeddings")
@@ -69,17 +61,12 @@ class FusionConfig(_Tuning):
         return self
 
 
-class FusionParams(StageParams):
-    system: str
+class FusionParams(TuningParams):
     method: str
     runs: list[str]          # input stage names, in fusion order
-    tune_split: str
-    tune_k: int
-    tune_metric: str
     rrf_k: int
     rounds: int
     k: int
-    match_type: str
 
 
 def build_fusion(params: FusionParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -106,24 +93,16 @@ def build_fusion(params: FusionParams, inputs: dict[str, Artifact], out: Path) -
     return {"stats": stats}
 
 
-def _tuning(params: "FusionParams | EmbeddingFusionParams", inputs: dict[str, Artifact]):
-    from tasks.dense.hybrid import split_scorer
-
-    metric, score_fn, tune = split_scorer(inputs, params.tune_split, params.tune_metric, params.tune_k,
-                                          params.match_type, params.system)
+def _tuning(params: TuningParams, inputs: dict[str, Artifact]):
+    metric, score_fn, tune = split_scorer(inputs, params)
     return metric, score_fn, tune.column("qid")
 
 
-class EmbeddingFusionParams(StageParams):
-    system: str
+class EmbeddingFusionParams(TuningParams):
     systems: list[str]       # the dense systems fused, in order: inputs encode:X and search:X
-    tune_split: str
-    tune_k: int
-    tune_metric: str
     grid: list[float]
     rounds: int
     k: int
-    match_type: str
 
 
 def build_embedding_fusion(params: EmbeddingFusionParams, inputs: dict[str, Artifact], out: Path) -> dict:
@@ -165,16 +144,16 @@ def _embedding_stage(cfg, fusion: FusionConfig, earlier: list[Stage]) -> Stage:
     params = EmbeddingFusionParams(system=fusion.name, systems=list(fusion.runs),
                                    grid=list(fusion.grid if fusion.grid is not None else DEFAULT_GRID),
                                    rounds=fusion.rounds, k=cfg.bm25.k, match_type=cfg.evaluation.match_type,
-                                   **fusion.model_dump(include=set(_Tuning.model_fields)))
+                                   **fusion.tuning())
     vectors = [f"{stage}:{run}" for run in fusion.runs for stage in ("encode", "search")]
     return Stage(f"fusion:{fusion.name}", "hybrid_runs", "1", ("ingest_questions", "chunk", "link_gold", *vectors),
                  params, build_embedding_fusion, produces_runs=True, variant={"system": fusion.name})
 
 
-def _stage(cfg, name: str, system: str, method: str, run_stages: list[str], tuning: _Tuning, **extra) -> Stage:
+def _stage(cfg, name: str, system: str, method: str, run_stages: list[str], tuning: Tuning, **extra) -> Stage:
     params = FusionParams(system=system, method=method, runs=run_stages, rrf_k=extra.get("rrf_k", 60),
                           rounds=extra.get("rounds", 1), k=cfg.bm25.k, match_type=cfg.evaluation.match_type,
-                          **tuning.model_dump(include=set(_Tuning.model_fields)))
+                          **tuning.tuning())
     tuning_inputs = ("ingest_questions", "chunk", "link_gold") if method == "linear" else ()
     return Stage(name, "hybrid_runs", "3", (*tuning_inputs, *run_stages), params, build_fusion,
                  produces_runs=True, variant={"system": system})

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,22 +21,19 @@ from storage.parquet import write_table
 from tasks.compute.score import SCORING_SAMPLE, ScoringSettings, cross_encoder_on, scoring_agreement
 from tasks.engine import Stage, StageParams
 from tasks.fusion.runs import run_stages_by_system
+from tasks.fusion.tuning import Tuning, TuningParams, split_scorer
 from tasks.rerank.mix import DEFAULT_ALPHAS
 from tasks.runners import LOCAL, RunnerConfig, run_shards, runner_stats
 
 logger = logging.getLogger("passage_forge")
 
 
-class MixConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MixConfig(Tuning):
     name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description="system name (default: the rerank's "
                                                                                 "system + '-mix')")
     tune_split: str = Field("dev", description="split on which alpha is chosen (the rerank must cover it)")
     tune_k: int = Field(1, ge=1, description="cut-off of the metric maximised when choosing alpha (below depth: "
                                              "the head's order matters only there)")
-    tune_metric: Literal["auto", "accuracy", "ndcg"] = Field(
-        "auto", description="top-k answer accuracy, or nDCG@k on the gold qrels; 'auto': accuracy when questions "
-                            "carry answers")
     alphas: list[float] = Field(default_factory=lambda: list(DEFAULT_ALPHAS), min_length=1, description=(
         "the classifier's weights tried, each in [0, 1] (0: the first stage's order, 1: the classifier's)"))
 
@@ -176,25 +173,23 @@ def _agreement(job: _RerankJob, spec, table: pa.Table) -> dict:
     return scoring_agreement(job.model, job.scoring, [(question_of[q], text_of[p]) for q, p in keys], sigmoid(logits))
 
 
-class MixParams(StageParams):
-    system: str
+class MixParams(TuningParams):
     run_stage: str           # the first stage's runs
     rerank_stage: str        # the classifier's reranking of them
     depth: int
-    tune_split: str
-    tune_k: int
-    tune_metric: str
     alphas: list[float]
-    match_type: str
 
 
 def build_mix(params: MixParams, inputs: dict[str, Artifact], out: Path) -> dict:
-    from tasks.dense.hybrid import split_scorer
     from tasks.rerank.mix import choose_alpha, heads_of, mixed_run
 
-    heads = heads_of(inputs[params.run_stage].read_table(), inputs[params.rerank_stage].read_table(), params.depth)
-    metric, score_fn, tune = split_scorer(inputs, params.tune_split, params.tune_metric, params.tune_k,
-                                          params.match_type, params.system, among=list(heads))
+    reranked = inputs[params.rerank_stage]
+    reranked_depth = reranked.manifest.get("parameters", {}).get("depth")
+    if reranked_depth != params.depth:  # below its depth a reranked run holds first-stage ranks, not logits
+        raise ValueError(f"{params.system}: mixes a head of {params.depth} but {params.rerank_stage} "
+                         f"({reranked.version}) reranked {reranked_depth} passages a question")
+    heads = heads_of(inputs[params.run_stage].read_table(), reranked.read_table(), params.depth)
+    metric, score_fn, tune = split_scorer(inputs, params, among=list(heads))
     tune_heads = {q: heads[q] for q in tune.column("qid").to_pylist()}
     alpha, scores = choose_alpha(tune_heads, score_fn, params.alphas, params.system)
     logger.info("%s: alpha %s chosen on %s (%s %.4f; 0 = the first stage, 1 = the classifier)", params.system, alpha,
@@ -224,8 +219,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
                          produces_runs=True, resumable=True, variant={"system": r.system}))
         if r.mix is not None:
             mix = MixParams(system=r.mix_system, run_stage=known[r.run], rerank_stage=f"rerank:{r.system}",
-                            depth=r.depth, tune_split=r.mix.tune_split, tune_k=r.mix.tune_k,
-                            tune_metric=r.mix.tune_metric, alphas=r.mix.alphas, match_type=cfg.evaluation.match_type)
+                            depth=r.depth, alphas=r.mix.alphas, match_type=cfg.evaluation.match_type,
+                            **r.mix.tuning())
             out.append(Stage(f"rerank:{r.mix_system}", "reranked_runs", "1",
                              ("ingest_questions", "chunk", "link_gold", known[r.run], f"rerank:{r.system}"), mix,
                              build_mix, produces_runs=True, variant={"system": r.mix_system}))
