@@ -143,6 +143,28 @@ def test_a_step_is_priced_from_this_cpu_then_another_cpu_scaled_then_its_first_s
     assert price_step("train:xmoco-s1", measured, ZEN3).seconds is None
 
 
+def test_a_probe_lowered_by_busy_cores_prices_at_the_best_this_cpu_measured(repo):
+    """A Zen 3 probing at 25 GFLOP/s beside the study, whose own record measured 100 quietly: a
+    step timed on the Zen 5 (200) is priced at twice its time there, not eight times."""
+    from flows.study.estimate import with_best_probe
+    from flows.study.status import Plans, row_status, status_text
+
+    _, study = repo
+    busy = {**ZEN3, "sgemm_gflops": 25.0}
+    steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]
+    records = {"zen5": {"recorded_at": "2026-12-01T00:00:00+00:00", "machine": ZEN5,
+                        "stages": [{"step": s, "version": "v", "build_s": 60.0} for s in steps]},
+               "zen3": {"recorded_at": "2026-11-01T00:00:00+00:00", "machine": ZEN3, "stages": []},
+               "zen3-one-thread": {"machine": {**ZEN3, "threads": 1, "sgemm_gflops": 400.0}, "stages": []}}
+    priced = with_best_probe(busy, records)
+    assert (priced["sgemm_gflops"], priced["sgemm_gflops_now"]) == (100.0, 25.0)
+    assert with_best_probe(ZEN5, records) is ZEN5 and with_best_probe(busy, {}) is busy
+    status = row_status(study.row("bm25"), Plans(study), None, records, busy)
+    assert [p.seconds for p in status.left] == [pytest.approx(120.0)] * 6
+    assert "fp32 probe 100.0 GFLOP/s (the best measured on this CPU; 25.0 now)" in status_text(study, study.folder,
+                                                                                                 [status], priced)
+
+
 def test_durations():
     assert [parse_duration(t) for t in ("150m", "2h", "2h30m", "90s")] == [9000, 7200, 9000, 90]
     for bad in ("", "soon", "0m", "5"):

@@ -88,9 +88,11 @@ def study_command(args) -> int:
     if args.study_command == "status":
         from flows.study.status import status_text, study_status
 
-        machine = this_machine(_threads(args))
-        sys.stdout.write(status_text(study, root, study_status(study, root, read_records(study.folder), machine),
-                                     machine))
+        from flows.study.estimate import with_best_probe
+
+        machine, records = this_machine(_threads(args)), read_records(study.folder)
+        sys.stdout.write(status_text(study, root, study_status(study, root, records, machine),
+                                     with_best_probe(machine, records)))
         return 0
     if args.background:
         from flows.study.runner import background

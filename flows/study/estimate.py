@@ -1,7 +1,8 @@
 """A row's price on this machine, from the stage times the committed records measured: for every
 step the local root lacks, the newest time of the same step over the same passages (a step's name
 means other work on another corpus) on this CPU, else on another CPU
-scaled by the two machines' fp32 matrix-product probes (unscaled where a record has no probe), else the time of its first-seed twin
+scaled by the two machines' fp32 matrix-product probes (this machine's: the best its records and
+this run measured, `with_best_probe`; unscaled where a record has no probe), else the time of its first-seed twin
 (`train:gold-s2` is priced as `train:gold-s1`); what is left of a part-built training at the rate
 its own checkpoints measured. A step nobody has measured is unknown, not guessed."""
 from __future__ import annotations
@@ -37,6 +38,20 @@ def measured_steps(records: dict[str, dict], passages_of: Callable[[dict], str |
             if stage.get("build_s") is not None:
                 out.setdefault((passages, stage["step"]), []).append((stage, record.get("machine") or {}))
     return out
+
+
+def with_best_probe(machine: dict, records: dict[str, dict]) -> dict:
+    """`machine` with the best fp32 probe measured on its CPU at its thread count, by this run or a
+    record's: other work on the cores (the study training beside `pforge study status`) only lowers
+    a probe, and a lowered probe would inflate every price scaled from another CPU. The probe this
+    run measured stays in `sgemm_gflops_now` when it is not the best."""
+    now = machine.get("sgemm_gflops")
+    seen = [m.get("sgemm_gflops") for m in (r.get("machine") or {} for r in records.values())
+            if m.get("key") == machine.get("key") and m.get("threads") == machine.get("threads")]
+    best = max([p for p in [now, *seen] if p], default=None)
+    if best is None or best == now:
+        return machine
+    return {**machine, "sgemm_gflops": best, "sgemm_gflops_now": now}
 
 
 def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None) -> StepPrice:

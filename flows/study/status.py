@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from flows.study.definition import Row, Study
-from flows.study.estimate import StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds
+from flows.study.estimate import (StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds,
+                                  with_best_probe)
 from flows.study.measure import planned_steps
 from storage import ArtifactStore
 from storage.paths import work_dir
@@ -101,8 +102,8 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
             built.append(name)
         elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
             in_flight[name] = progress(work)
-    measured = measured_steps(records, plans.passages_of_record)
-    left = [remaining(price_step(name, measured, machine, passages_of(plan)), in_flight.get(name))
+    measured, priced_on = measured_steps(records, plans.passages_of_record), with_best_probe(machine, records)
+    left = [remaining(price_step(name, measured, priced_on, passages_of(plan)), in_flight.get(name))
             for name in steps if name not in built]
     if len(built) == len(steps):
         return RowStatus(row, BUILT, "its artifact is in the local root", left)
@@ -134,8 +135,11 @@ def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: di
     open_rows = [s for s in statuses if s.state != MEASURED]
     known = sum(p.seconds for s in open_rows for p in s.left if p.seconds is not None)
     unknown = sum(s.seconds_left is None for s in open_rows)
+    probe = f"fp32 probe {machine['sgemm_gflops']} GFLOP/s"
+    if machine.get("sgemm_gflops_now"):
+        probe += f" (the best measured on this CPU; {machine['sgemm_gflops_now']} now)"
     lines = [f"study {study.name}: {measured} of {len(statuses)} rows measured; root {root}",
-             f"this machine: {machine['key']}, {machine['threads']} threads, fp32 probe {machine['sgemm_gflops']} GFLOP/s",
+             f"this machine: {machine['key']}, {machine['threads']} threads, {probe}",
              f"left here: {format_duration(known)} of priced work" + (f"; {unknown} rows have unpriced steps" if unknown else ""),
              "",
              f"{'p':>1}  {'row':34s} {'state':20s} {'left here':>10s}  detail"]
