@@ -165,6 +165,18 @@ def test_a_probe_lowered_by_busy_cores_prices_at_the_best_this_cpu_measured(repo
                                                                                                  [status], priced)
 
 
+def test_the_status_columns_line_up_past_a_long_row_name(repo):
+    from flows.study.definition import Row
+    from flows.study.status import NOT_STARTED, RowStatus, status_text
+
+    _, study = repo
+    rows = [Row(name=name, stage="bm25_search", priority=3) for name in ("bm25", "nfcorpus:adapt-mmse-tuned-teacher-s2")]
+    text = status_text(study, study.folder, [RowStatus(row, NOT_STARTED, "6 steps", []) for row in rows], ZEN3)
+    table = text.splitlines()[4:]
+    assert len(table) == 3 and len({line.index("not started") for line in table[1:]}) == 1
+    assert table[0].index("state") == table[1].index("not started")
+
+
 def test_durations():
     assert [parse_duration(t) for t in ("150m", "2h", "2h30m", "90s")] == [9000, 7200, 9000, 90]
     for bad in ("", "soon", "0m", "5"):

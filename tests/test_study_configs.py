@@ -1,7 +1,8 @@
 """The corpus-scale study's configs (issue 24) keep the papers' settings and its own rules: paper
-003's N = 2 of M = 100 hard negatives, paper 002's 15 of depth 200 with 144-token passages,
-whole-corpus generation and classifier training, two seeds for every training row, and phases
-that plan the very versions the whole study plans (so a phase's artifacts are the study's)."""
+003's N = 2 of M = 100 hard negatives, paper 002's depth 200 and 144-token passages (2 negatives
+at the study's batch of 16), whole-corpus generation and classifier training, two seeds for every
+training row, and phases that plan the very versions the whole study plans (so a phase's
+artifacts are the study's)."""
 import re
 
 import pytest
@@ -29,27 +30,53 @@ def test_paper_003_rows_draw_2_of_100_hard_negatives(study):
         assert schedule.max_steps is None and schedule.epochs >= 1 and t.max_questions is None, name  # epochs of every pair
 
 
-def test_paper_002_rows_draw_15_of_depth_200_at_144_tokens():
+def test_paper_002_rows_draw_2_of_depth_200_at_144_tokens():
+    """Paper 002 section 4.2's fine-tuning (depth 200, 144 tokens, lr 2e-5, [CLS]) at the study's
+    CPU size: batch 16 with 2 negatives, as its other rows, instead of 64 with 15."""
     cfg = load_config(CONFIGS / "study-query-as-context.yaml")
     for name, system in _trained(cfg).items():
         t, schedule = system.train, system.train.schedule
         assert (schedule.hard_negatives, t.negative_pool, schedule.passage_max_len, schedule.batch_size,
-                schedule.lr) == (15, 200, 144, 64, 2e-5)
+                schedule.lr, schedule.epochs) == (2, 200, 144, 16, 2e-5, 1), name
         assert system.model.pooling == "cls", name
     assert cfg.negatives.bm25.depth == 200 and cfg.bm25.k >= 200
     assert all(d.depth == 200 for n, d in cfg.negatives.dense.items() if n.startswith("mined"))
 
 
-def test_every_training_row_runs_at_two_seeds_that_differ_only_by_seed(study):
-    trained = _trained(study)
+@pytest.mark.parametrize("config", ["study.yaml", "study-query-as-context.yaml"])
+def test_every_training_row_runs_at_two_seeds_that_differ_only_by_seed(config):
+    """Seed 2 of a row is its seed-1 twin but for the seed, the run it starts from and the miner
+    of its negatives, each the twin's seed-2 counterpart."""
+    trained = _trained(load_config(CONFIGS / config))
+    assert sum(name.endswith("-s1") for name in trained) >= 3
     for name, system in trained.items():
         if not name.endswith("-s1"):
             continue
         twin = trained[re.sub(r"-s1$", "-s2", name)]
         assert system.train.schedule.seed != twin.train.schedule.seed
-        assert system.train.model_dump(exclude={"schedule": {"seed"}}) == twin.train.model_dump(exclude={"schedule": {"seed"}}), name
+        first, second = (t.model_dump(exclude={"schedule": {"seed"}}) for t in (system.train, twin.train))
+        assert first == {**second, "negatives": [n.replace("-s2", "-s1") for n in second["negatives"]]}, name
         assert system.model == twin.model
         assert (system.init_from or "").replace("-s1", "") == (twin.init_from or "").replace("-s2", "")
+
+
+@pytest.mark.parametrize("recipe, second_seed", [("nfcorpus-adapt-tuned-teacher", "study-nfcorpus-tuned-teacher-s2"),
+                                                  ("nfcorpus-adapt-ablations", "study-nfcorpus-ablations-s2")])
+def test_each_nfcorpus_student_has_a_second_seed_that_differs_only_by_seed(recipe, second_seed):
+    """The recipes' students train at their default seed; the study's second-seed configs train
+    each again at seed 2 on the very inputs the recipe built (the same planned versions)."""
+    first_plan, second_plan = (plan_for(load_config(CONFIGS / f"{c}.yaml")) for c in (recipe, second_seed))
+    first, second = (_trained(load_config(CONFIGS / f"{c}.yaml")) for c in (recipe, second_seed))
+    assert second and all(name.endswith("-s2") for name in second)
+    for name, twin in second.items():
+        system = first[name.removesuffix("-s2")]
+        assert system.train.schedule.seed != twin.train.schedule.seed == 2
+        assert (system.train.model_dump(exclude={"schedule": {"seed"}}) ==
+                twin.train.model_dump(exclude={"schedule": {"seed"}})), name
+        assert system.model == twin.model
+    shared = [n for n in second_plan.names() if n in first_plan.names() and n != "evaluate"]
+    assert "synthetic_queries" in shared and "cross_encoder" in shared
+    assert all(second_plan.planned_version(n) == first_plan.planned_version(n) for n in shared)
 
 
 def test_the_generator_and_the_classifier_see_the_whole_corpus(study):

@@ -138,11 +138,12 @@ def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: di
     probe = f"fp32 probe {machine['sgemm_gflops']} GFLOP/s"
     if machine.get("sgemm_gflops_now"):
         probe += f" (the best measured on this CPU; {machine['sgemm_gflops_now']} now)"
+    width = max([34, *(len(s.row.name) for s in statuses)])   # the columns line up whatever the names
     lines = [f"study {study.name}: {measured} of {len(statuses)} rows measured; root {root}",
              f"this machine: {machine['key']}, {machine['threads']} threads, {probe}",
              f"left here: {format_duration(known)} of priced work" + (f"; {unknown} rows have unpriced steps" if unknown else ""),
              "",
-             f"{'p':>1}  {'row':34s} {'state':20s} {'left here':>10s}  detail"]
+             f"{'p':>1}  {'row':{width}s} {'state':20s} {'left here':>10s}  detail"]
     for s in statuses:
-        lines.append(f"{s.row.priority:>1}  {s.row.name:34s} {s.state:20s} {s.left_text():>10s}  {s.detail}")
+        lines.append(f"{s.row.priority:>1}  {s.row.name:{width}s} {s.state:20s} {s.left_text():>10s}  {s.detail}")
     return "\n".join(lines) + "\n"
