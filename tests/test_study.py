@@ -141,6 +141,10 @@ def test_a_step_is_priced_from_this_cpu_then_another_cpu_scaled_then_its_first_s
     twin = price_step("train:gold-s2", measured, ZEN3)
     assert twin.seconds == pytest.approx(2000.0) and twin.basis.startswith("as train:gold-s1")
     assert price_step("train:xmoco-s1", measured, ZEN3).seconds is None
+    records["r3"] = {"recorded_at": "2026-11-02T00:00:00+00:00", "machine": ZEN3,
+                     "stages": [{"step": "train:adapt-dpr", "version": "v", "build_s": 500.0}]}
+    recipe = price_step("train:adapt-dpr-s2", measured_steps(records), ZEN3)   # the recipe's own seed
+    assert (recipe.seconds, recipe.basis) == (500.0, "as train:adapt-dpr")
 
 
 def test_a_probe_lowered_by_busy_cores_prices_at_the_best_this_cpu_measured(repo):

@@ -3,7 +3,8 @@ step the local root lacks, the newest time of the same step over the same passag
 means other work on another corpus) on this CPU, else on another CPU
 scaled by the two machines' fp32 matrix-product probes (this machine's: the best its records and
 this run measured, `with_best_probe`; unscaled where a record has no probe), else the time of its first-seed twin
-(`train:gold-s2` is priced as `train:gold-s1`); what is left of a part-built training at the rate
+(`train:gold-s2` is priced as `train:gold-s1`, `train:adapt-dpr-s2` as a recipe's own
+`train:adapt-dpr`); what is left of a part-built training at the rate
 its own checkpoints measured. A step nobody has measured is unknown, not guessed."""
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def with_best_probe(machine: dict, records: dict[str, dict]) -> dict:
 
 
 def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None) -> StepPrice:
-    for name, basis in ((step, None), (SEED_SUFFIX.sub("-s1", step), f"as {SEED_SUFFIX.sub('-s1', step)}")):
+    twins = [twin for twin in dict.fromkeys((SEED_SUFFIX.sub("-s1", step), SEED_SUFFIX.sub("", step))) if twin != step]
+    for name, basis in ((step, None), *((twin, f"as {twin}") for twin in twins)):
         times = measured.get((passages, name)) or []
         here = [t for t, m in times if m.get("key") == machine.get("key")]
         if here:
