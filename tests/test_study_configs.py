@@ -100,6 +100,19 @@ def test_the_phases_build_the_studys_own_versions(study):
             assert plan.planned_version(name) == whole.planned_version(name), (phase, name)
 
 
+def test_the_two_epoch_classifier_lever_changes_the_classifier_alone(study):
+    lever = load_config(CONFIGS / "study-teacher-2-epochs.yaml")
+    assert lever.cross_encoder.train.epochs == 2 and study.cross_encoder.train.epochs == 1
+    assert (lever.cross_encoder.model_dump(exclude={"train": {"epochs"}}) ==
+            study.cross_encoder.model_dump(exclude={"train": {"epochs"}}))
+    plan, whole = plan_for(lever), plan_for(study)
+    shared = [n for n in plan.names() if n in whole.names() and n not in ("evaluate", "cross_encoder")]
+    assert "hybrid" in shared and "train:gold-s1" in shared
+    assert all(plan.planned_version(n) == whole.planned_version(n) for n in shared)
+    assert plan.planned_version("cross_encoder") != whole.planned_version("cross_encoder")
+    assert {"rerank:hybrid-gold-s1-rerank-2e", "rerank:hybrid-gold-s1-mix-2e"} <= set(plan.names())
+
+
 def test_the_study_compares_what_its_bars_name(study):
     pairs = {tuple(p) for p in study.evaluation.compare}
     assert {("two-stage-s1", "gold-s1"), ("two-stage-s2", "gold-s2"), ("hybrid-gold-s1-rerank", "hybrid(gold-s1)")} <= pairs
