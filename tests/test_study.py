@@ -181,6 +181,27 @@ def test_the_status_columns_line_up_past_a_long_row_name(repo):
     assert table[0].index("state") == table[1].index("not started")
 
 
+def test_a_record_rewrites_the_tables_from_study_yaml_as_it_is_now(tmp_path, monkeypatch):
+    """A row added to study.yaml while the runner runs is in the tables its next record writes; a
+    study.yaml that does not load leaves the definition the run began with."""
+    import flows.study.runner as runner
+
+    study = _study_folder(tmp_path, [{"name": "bm25", "stage": "bm25_search", "priority": 1}], tables_file="mini.md")
+    digest = write_questions(study.folder, {"test": TEST_QIDS})
+    monkeypatch.setattr(runner, "measure_row", lambda *args: {
+        "row": "bm25", "kind": "runs", "system": "bm25", "stage": "bm25_search", "metrics": [], "stages": [],
+        "versions": {}, "outcomes": {"measure": RANK, "questions": digest, "splits": {"test": [1] * 40}}})
+    monkeypatch.setattr(runner, "export_shared", lambda *args: [])   # this study shares no step
+    definition = study.folder / "study.yaml"
+    definition.write_text(definition.read_text() + '  - {"name": "bm25-added", "stage": "bm25_search", "priority": 2}\n')
+    commit = {"commit": "c" * 40, "dirty": False}
+    runner.record_row(study, study.row("bm25"), lambda row: None, tmp_path / "no-root", ZEN3, commit, repo=None)
+    assert "1 of 2 rows measured" in (tmp_path / "mini.md").read_text()
+    definition.write_text("rows: [\n")
+    runner.record_row(study, study.row("bm25"), lambda row: None, tmp_path / "no-root", ZEN3, commit, repo=None)
+    assert "1 of 1 rows measured" in (tmp_path / "mini.md").read_text()
+
+
 def test_durations():
     assert [parse_duration(t) for t in ("150m", "2h", "2h30m", "90s")] == [9000, 7200, 9000, 90]
     for bad in ("", "soon", "0m", "5"):

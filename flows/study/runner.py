@@ -84,17 +84,31 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
     questions = record.get("outcomes", {}).get("questions")
     if questions:
         files.append(study.folder / "questions" / f"{questions}.json")
-    if study.tables_file:   # the committed tables follow the records (a test holds them to it)
+    current = study_as_it_is_now(study)
+    if current.tables_file:   # the committed tables follow the records and study.yaml (a test holds them to both)
         from flows.study.tables import study_tables
         from storage.atomic import atomic_write_text
 
-        tables = study.folder.parents[1] / study.tables_file
-        atomic_write_text(tables, study_tables(study))
+        tables = current.folder.parents[1] / current.tables_file
+        atomic_write_text(tables, study_tables(current))
         files.append(tables)
     if repo is not None:
         cpu = machine.get("key", "?")
         commit_records(repo, files, f"Study record: {row.name} ({study.name}; {cpu}, commit {str(commit['commit'])[:10]})")
     return path
+
+
+def study_as_it_is_now(study: Study) -> Study:
+    """`study` read again from its study.yaml: a row or claim added since the run began is in the
+    tables a record rewrites (they would otherwise lack it, and no longer match study.yaml). A file
+    that does not load now (an edit half made) leaves the definition the run began with."""
+    from flows.study.definition import load_study
+
+    try:
+        return load_study(study.folder / "study.yaml")
+    except ValueError as error:
+        logger.warning("study: %s; the tables follow the definition this run began with", error)
+        return study
 
 
 def import_shared(study: Study, root: Path, say: Callable[[str], None]) -> None:
