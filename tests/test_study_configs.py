@@ -117,3 +117,18 @@ def test_the_study_compares_what_its_bars_name(study):
     pairs = {tuple(p) for p in study.evaluation.compare}
     assert {("two-stage-s1", "gold-s1"), ("two-stage-s2", "gold-s2"), ("hybrid-gold-s1-rerank", "hybrid(gold-s1)")} <= pairs
     assert study.evaluation.compare_split == "test" and study.evaluation.compare_ks == [1, 20]
+
+
+def test_paper_003s_table_2_systems_are_its_no_stage_1_rows_started_from_stage_1(study):
+    """Paper 003's table 2 fine-tunes its stage-1 model (section 4.1); its table 4 drops stage 1.
+    Each two-stage row trains exactly as its no-stage-1 twin (gold-sN is the BM25 one) from
+    stage1-sN of its own seed, and the ensembles fuse the two-stage systems."""
+    trained = _trained(study)
+    twins = {"two-stage": "gold", "two-stage-rnd": "rnd", "two-stage-mixed": "mixed"}
+    for seed in (1, 2):
+        for two_stage, no_stage_1 in twins.items():
+            system, twin = trained[f"{two_stage}-s{seed}"], trained[f"{no_stage_1}-s{seed}"]
+            assert system.init_from == f"stage1-s{seed}" and twin.init_from is None
+            assert system.train == twin.train and system.model == twin.model, two_stage
+    for fusion in study.fusion:
+        assert fusion.runs == ["two-stage-s1", "two-stage-rnd-s1", "two-stage-mixed-s1"], fusion.name
