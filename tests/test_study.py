@@ -9,7 +9,7 @@ import pytest
 
 from flows.study.cli import parse_duration
 from flows.study.definition import load_study
-from flows.study.estimate import price_step, measured_steps
+from flows.study.estimate import measured_steps, price_step, seed_twins
 from flows.study.records import RANK, read_records, write_questions, write_record
 from flows.study.tables import Results, compare, study_tables
 from tasks.config import PROJECT_ROOT
@@ -145,6 +145,15 @@ def test_a_step_is_priced_from_this_cpu_then_another_cpu_scaled_then_its_first_s
                      "stages": [{"step": "train:adapt-dpr", "version": "v", "build_s": 500.0}]}
     recipe = price_step("train:adapt-dpr-s2", measured_steps(records), ZEN3)   # the recipe's own seed
     assert (recipe.seconds, recipe.basis) == (500.0, "as train:adapt-dpr")
+    records["r4"] = {"recorded_at": "2026-11-03T00:00:00+00:00", "machine": ZEN3,
+                     "stages": [{"step": "train:silver", "version": "v", "build_s": 700.0}]}
+    assert price_step("train:silver-s1", measured_steps(records), ZEN3).seconds is None   # a first seed has no twin
+
+
+def test_only_a_later_seed_has_twins():
+    assert seed_twins("train:gold-s2") == ["train:gold-s1", "train:gold"]
+    assert seed_twins("negatives:mined-cocondenser-s12") == ["negatives:mined-cocondenser-s1", "negatives:mined-cocondenser"]
+    assert seed_twins("train:gold-s1") == seed_twins("encode:zero-shot") == seed_twins("train:fine512") == []
 
 
 def test_a_probe_lowered_by_busy_cores_prices_at_the_best_this_cpu_measured(repo):

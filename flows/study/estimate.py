@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 if TYPE_CHECKING:
     from tasks.training.checkpoints import TrainingProgress
 
-SEED_SUFFIX = re.compile(r"-s\d+\b")
+SEED_SUFFIX = re.compile(r"-s(\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,17 @@ def with_best_probe(machine: dict, records: dict[str, dict]) -> dict:
     return {**machine, "sgemm_gflops": best, "sgemm_gflops_now": now}
 
 
+def seed_twins(step: str) -> list[str]:
+    """The names a later seed's step is priced as: its first seed's, then its recipe's own (no
+    suffix); a first-seed or unseeded step has none."""
+    seeds = [int(n) for n in SEED_SUFFIX.findall(step)]
+    if not seeds or max(seeds) < 2:
+        return []
+    return list(dict.fromkeys((SEED_SUFFIX.sub("-s1", step), SEED_SUFFIX.sub("", step))))
+
+
 def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None) -> StepPrice:
-    twins = [twin for twin in dict.fromkeys((SEED_SUFFIX.sub("-s1", step), SEED_SUFFIX.sub("", step))) if twin != step]
+    twins = seed_twins(step)
     for name, basis in ((step, None), *((twin, f"as {twin}") for twin in twins)):
         times = measured.get((passages, name)) or []
         here = [t for t, m in times if m.get("key") == machine.get("key")]
