@@ -276,6 +276,13 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     from storage import ArtifactStore
 
     assert ArtifactStore(fresh).get("bm25_runs", record["version"]) is not None
+    # Recorded again on that machine: its imported runs' producers were never built there.
+    for name in ("bm25", "bm25-second"):
+        (study.folder / "records" / f"{name}.json").unlink()
+    assert run_study(study, fresh, 600, machine, repo=None, say=said.append) == ["bm25", "bm25-second"]
+    again = read_records(study.folder)["bm25"]
+    assert "bm25_index" in again["versions"] and "bm25_index" not in {s["step"] for s in again["stages"]}
+    assert again["outcomes"] == record["outcomes"]
 
 
 def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committed(repo, shared_data,

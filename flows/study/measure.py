@@ -8,7 +8,7 @@ from pathlib import Path
 from flows.study.definition import Row, Study
 from flows.study.records import NDCG_AT_10, OUTCOME_DIGITS, OUTCOME_SPLITS, RANK, write_questions
 from storage import ArtifactStore
-from tasks.engine import Plan
+from tasks.engine import Plan, not_needed
 
 
 # What scoring a runs row reads beside its runs: the questions, the passages' text, the gold links.
@@ -42,9 +42,13 @@ def build_seconds(manifest: dict) -> float | None:
 
 
 def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
-    """Each needed step's build as its manifest recorded it (the run that built it, on this root)."""
+    """Each needed step's build as its manifest recorded it (the run that built it, on this root),
+    but for the steps a run leaves out: the producers of an imported artifact (the generator whose
+    queries came with the repository) were never built here."""
+    steps = planned_steps(plan, row)
+    left_out = not_needed(plan, store, steps)
     out = []
-    for name in planned_steps(plan, row):
+    for name in [step for step in steps if step not in left_out]:
         stage, version = plan[name], plan.planned_version(name)
         artifact = store.get(stage.artifact, version)
         if artifact is None:

@@ -180,7 +180,11 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
                 say(f"study: {row.name}: pforge run exited {rc} (log: {log_dir(root)}); next row")
                 keep_shared(study, plans, root, repo, say)
                 return True
-        path = record_row(study, row, plans, root, machine, commit, repo)
+        try:
+            path = record_row(study, row, plans, root, machine, commit, repo)
+        except Exception as error:   # one row that cannot be recorded does not end the budget for the rest
+            say(f"study: {row.name}: built, but not recorded ({type(error).__name__}: {error}); next row")
+            return True
         recorded.append(row.name)
         say(f"study: {row.name}: recorded {path}")
         return True
