@@ -26,6 +26,17 @@ def planned_steps(plan: Plan, row: Row) -> list[str]:
     return [name for name in plan.names() if name in needed]
 
 
+def steps_run_here(plan: Plan, store: ArtifactStore | None, row: Row) -> list[str]:
+    """The row's planned steps less those a run on `store` leaves out: the producers of an
+    imported artifact (the generator whose queries came with the repository) are never built
+    there. Without a store, every planned step."""
+    steps = planned_steps(plan, row)
+    if store is None:
+        return steps
+    left_out = not_needed(plan, store, steps)
+    return [step for step in steps if step not in left_out]
+
+
 def row_artifact(plan: Plan, store: ArtifactStore, row: Row):
     """The row's artifact at the version the plan gives it (None: not built in this root)."""
     stage = plan[plan.resolve_name(row.stage)]
@@ -42,13 +53,10 @@ def build_seconds(manifest: dict) -> float | None:
 
 
 def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
-    """Each needed step's build as its manifest recorded it (the run that built it, on this root),
-    but for the steps a run leaves out: the producers of an imported artifact (the generator whose
-    queries came with the repository) were never built here."""
-    steps = planned_steps(plan, row)
-    left_out = not_needed(plan, store, steps)
+    """Each step's build as its manifest recorded it (the run that built it, on this root), for
+    the steps a run builds here (`steps_run_here`)."""
     out = []
-    for name in [step for step in steps if step not in left_out]:
+    for name in steps_run_here(plan, store, row):
         stage, version = plan[name], plan.planned_version(name)
         artifact = store.get(stage.artifact, version)
         if artifact is None:

@@ -11,7 +11,7 @@ from typing import Callable
 from flows.study.definition import Row, Study
 from flows.study.estimate import (StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds,
                                   with_best_probe)
-from flows.study.measure import planned_steps
+from flows.study.measure import steps_run_here
 from storage import ArtifactStore
 from storage.paths import work_dir
 from tasks.engine import Plan
@@ -90,11 +90,7 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
         commit = (record.get("commit") or "?")[:10]
         return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}", [])
-    steps = planned_steps(plan, row)
-    if store is not None:   # producers of imported artifacts: a run leaves them out
-        from tasks.engine import not_needed
-
-        steps = [s for s in steps if s not in not_needed(plan, store, steps)]
+    steps = steps_run_here(plan, store, row)
     built, in_flight = [], {}
     for name in steps:
         stage, version = plan[name], plan.planned_version(name)
