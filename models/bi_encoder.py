@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoints import resolve_checkpoint
+from .length_pieces import encode_in_pieces
 from .pooling import Pooling, pool
 
 CONFIG_NAME = "bi_encoder_config.json"
@@ -72,6 +73,9 @@ class BiEncoder(nn.Module):
         # one tower: register it once, so parameters() does not double-count it
         self.passage_encoder = None if self.config.shared else passage_encoder
         self.tokenizer = tokenizer
+        # Rows per length-sorted piece of an encoded batch (models/length_pieces.py); None: whole
+        # batches. How fast, not what: set for a training run by `encoding_in_pieces`, never saved.
+        self.rows_per_piece: int | None = None
         hidden = _hidden_size(query_encoder)
         dim = self.config.projection_dim
         if dim is not None:
@@ -102,6 +106,10 @@ class BiEncoder(nn.Module):
     # -- encoding ---------------------------------------------------------------------------
     def _encode(self, encoder: nn.Module, projection: nn.Module | None, batch: Mapping[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS and v is not None}
+        return encode_in_pieces(lambda piece: self._encode_rows(encoder, projection, piece), inputs,
+                                self.rows_per_piece)
+
+    def _encode_rows(self, encoder: nn.Module, projection: nn.Module | None, inputs: Mapping[str, Any]) -> torch.Tensor:
         out = encoder(**inputs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         emb = pool(hidden, inputs.get("attention_mask"), self.pooling)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .checkpoints import resolve_checkpoint
+from .length_pieces import encode_in_pieces
 
 CONFIG_NAME = "cross_encoder_config.json"
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -37,6 +38,9 @@ class CrossEncoderModel(nn.Module):
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
+        # Rows per length-sorted piece of a batch (models/length_pieces.py); None: whole batches.
+        # How fast, not what: set for a training run by `encoding_in_pieces`, never saved.
+        self.rows_per_piece: int | None = None
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -83,7 +87,7 @@ class CrossEncoderModel(nn.Module):
     # -- forward ----------------------------------------------------------------------------
     def forward(self, features: Mapping[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in features.items() if k in _MODEL_INPUTS}
-        return self.backbone(**inputs).logits.squeeze(-1)
+        return encode_in_pieces(lambda piece: self.backbone(**piece).logits.squeeze(-1), inputs, self.rows_per_piece)
 
     def tokenize(self, pairs: Sequence[Pair]) -> dict[str, list]:
         """Unpadded token ids of the pairs, truncated to `max_length` (longest segment first, as

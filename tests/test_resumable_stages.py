@@ -8,6 +8,7 @@ from flows.pipeline import pipeline
 from flows.registry import plan_for
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, DenseConfig, DenseSystemConfig, DenseTrainConfig, load_config
+from tasks.training.arguments import CPU_ROWS_PER_PIECE
 from tests.crash import Crash, crash_at
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
@@ -34,6 +35,7 @@ def test_a_killed_training_stage_resumes_from_its_work_folder(prefect_harness, s
         return real(*args, callbacks=(*callbacks, crash_at(2)), **kwargs)
 
     def recording(*args, **kwargs):
+        assert kwargs["rows_per_piece"] == CPU_ROWS_PER_PIECE, "length_pieces: auto cuts a CPU run's batches"
         results.append(real(*args, **kwargs))
         return results[-1]
 
@@ -53,10 +55,12 @@ def test_a_killed_training_stage_resumes_from_its_work_folder(prefect_harness, s
     assert not list(tmp_path.rglob("step-0000001")), "the work folder goes once the artifact is committed"
 
 
-def test_checkpointing_is_not_part_of_the_version(tiny_checkpoint):
+def test_checkpointing_and_length_pieces_are_not_part_of_the_version(tiny_checkpoint):
     plain = plan_for(_config(tiny_checkpoint))["train:trained"].params.hashed()
     checkpointed = plan_for(_config(tiny_checkpoint, checkpoint_every=5, keep_checkpoints=3))["train:trained"].params.hashed()
     assert plain == checkpointed
+    for pieces in (4, None):   # how fast a step encodes, not what it trains (models/length_pieces.py)
+        assert plan_for(_config(tiny_checkpoint, length_pieces=pieces))["train:trained"].params.hashed() == plain
     assert plain != plan_for(_config(tiny_checkpoint, seed=7))["train:trained"].params.hashed()
 
 

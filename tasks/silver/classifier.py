@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from tasks.training.arguments import ScheduleArgs
+from tasks.training.arguments import LENGTH_PIECES_HELP, LengthPieces, ScheduleArgs, rows_per_piece
 from tasks.training.data import ShuffledBatches  # the classifier's sampler (full batches only)
 
 Pair = tuple[str, str]
@@ -21,6 +21,7 @@ class ClassifierTrainArgs(ScheduleArgs):
     lr: float = Field(3e-5, gt=0, description="peak learning rate (paper 001 section 5.1: 3e-5)")
     batch_size: int = Field(16, ge=2, description="pairs per step (paper 001 section 5.1: 256)")
     max_length: int = Field(256, ge=8, description="tokens of question and passage together")
+    length_pieces: LengthPieces = Field("auto", description=LENGTH_PIECES_HELP)
 
 
 class PairCollator:
@@ -64,15 +65,17 @@ def train_classifier(model, pairs: Sequence[Pair], labels: Sequence[int], args: 
     """Binary cross-entropy on (pair, label) examples; returns run_training's result (out_dir/best
     holds the best model by the evaluator's primary metric when an evaluator is given)."""
     from models.cross_encoder import BinaryCrossEntropyLoss
+    from models.length_pieces import encoding_in_pieces
     from tasks.training.trainer import run_training
 
     examples = list(zip(pairs, labels))
     if len(examples) < args.batch_size:
         raise ValueError(f"only {len(examples)} classifier pairs for a batch of {args.batch_size}")
-    return run_training(model, BinaryCrossEntropyLoss(model), examples,
-                        ShuffledBatches(len(examples), args.batch_size, args.seed), PairCollator(model), args, out_dir,
-                        evaluator=evaluator, progress=progress, device=device, eval_at_start=False,
-                        desc="cross-encoder")
+    with encoding_in_pieces(model, rows_per_piece(args.length_pieces, device)):
+        return run_training(model, BinaryCrossEntropyLoss(model), examples,
+                            ShuffledBatches(len(examples), args.batch_size, args.seed), PairCollator(model), args,
+                            out_dir, evaluator=evaluator, progress=progress, device=device, eval_at_start=False,
+                            desc="cross-encoder")
 
 
 # -- the report (paper 001 table 2) -----------------------------------------------------------

@@ -44,7 +44,7 @@ class CrossEncoderParams(StageParams):
     # config.model is always empty here (a named model is imported, not trained): out of the hash,
     # so versions trained before it existed still match.
     RUNTIME = frozenset({"device", "config.device", "config.runtime", "config.int8", "config.bf16", "config.train.checkpoint_every",
-                         "config.train.keep_checkpoints", "config.model", "start_folder"})
+                         "config.train.keep_checkpoints", "config.train.length_pieces", "config.model", "start_folder"})
     config: CrossEncoderConfig
     match_type: str
     device: str

@@ -3,12 +3,28 @@
 validate and render as Prefect UI forms."""
 from __future__ import annotations
 
-from typing import Any, Collection, Literal, Optional
+from typing import Annotated, Any, Collection, Literal, Optional, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.compute.device import resolve_device
+
+
+# How fast a step encodes, not what it trains (models/length_pieces.py): stages leave it out of the hash.
+LengthPieces = Union[Literal["auto"], Annotated[int, Field(ge=1)], None]
+LENGTH_PIECES_HELP = ("rows per length-sorted piece when a training step encodes its padded batches, each piece "
+                      "padded to its own longest (less padding; the same outputs and loss); auto: 8 rows on a CPU, "
+                      "whole batches on CUDA; empty: whole batches. benchmarks/length_pieces.py measures it")
+CPU_ROWS_PER_PIECE = 8   # benchmarks/length_pieces.py: smaller pieces pad less, larger ones keep the matmuls wide
+
+
+def rows_per_piece(setting: LengthPieces, device: str) -> int | None:
+    """A `length_pieces` setting for `device`: 'auto' cuts batches on a CPU (padding is paid in
+    full there), not on CUDA (wide batches fill the GPU)."""
+    if setting != "auto":
+        return setting
+    return CPU_ROWS_PER_PIECE if torch.device(resolve_device(device)).type == "cpu" else None
 
 
 class ScheduleArgs(BaseModel):

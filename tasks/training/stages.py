@@ -16,7 +16,8 @@ from tasks.compute.device import resolve_device
 from tasks.compute.encode import EncodeSettings
 from tasks.compute.origin import Origin, origin_of
 from tasks.engine import Stage, StageParams
-from tasks.training.arguments import TrainerArgs, trainer_settings_of, written_flat
+from tasks.training.arguments import (LENGTH_PIECES_HELP, LengthPieces, TrainerArgs, rows_per_piece,
+                                      trainer_settings_of, written_flat)
 
 logger = logging.getLogger("passage_forge")
 
@@ -57,6 +58,7 @@ class DenseTrainConfig(BaseModel):
     dev_k: int = Field(1, ge=1, description="dev metric: share of questions with a gold passage in the top k")
     dev_distractors: int = Field(0, ge=0, description="random passages added to the dev articles' passages as the dev pool")
     dev_max_questions: Optional[int] = Field(None, ge=1, description="evaluate on at most this many dev questions")
+    length_pieces: LengthPieces = Field("auto", description=LENGTH_PIECES_HELP)
 
     @model_validator(mode="before")
     @classmethod
@@ -111,7 +113,7 @@ def planned_train(train: DenseTrainConfig, encode, device: str) -> DenseTrainCon
 class TrainParams(StageParams):
     # Checkpointing only decides what a killed run can resume from, not what it trains.
     RUNTIME = frozenset({"device", "origin.init_path", "train.schedule.checkpoint_every",
-                         "train.schedule.keep_checkpoints"})
+                         "train.schedule.keep_checkpoints", "train.length_pieces"})
     system: str
     origin: Origin
     train: DenseTrainConfig
@@ -199,7 +201,7 @@ def build_train(params: TrainParams, inputs: dict[str, Artifact], out: Path, wor
     logger.info("train %s: %d pairs, loss %s, batch %d", params.system, len(examples), t.loss, schedule.batch_size)
     train_dir = training_dir(out, work)
     result = train_bi_encoder(model, loss, examples, schedule, train_dir, evaluator=evaluator, progress=False, device=device,
-                              teacher=teacher)
+                              teacher=teacher, rows_per_piece=rows_per_piece(t.length_pieces, device))
     if not is_main_process():  # under torchrun (flows/ddp.py) rank 0 saves, exports and commits
         return None
     if result["best_step"] != len(result["history"]):

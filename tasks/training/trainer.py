@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.length_pieces import encoding_in_pieces
 from storage.atomic import atomic_dir
 from tasks.compute.device import resolve_device
 from tasks.progress import report
@@ -145,6 +146,7 @@ def train_bi_encoder(
     device: str = "auto",
     callbacks: Sequence[TrainerCallback] = (),
     teacher: Callable[[list[tuple[str, str]]], Sequence[float]] | None = None,
+    rows_per_piece: int | None = None,
 ) -> dict:
     """Train `model` with `loss_fn` (a module built around `model`) on `examples`.
 
@@ -156,6 +158,8 @@ def train_bi_encoder(
     a batch) and the Collator (hard negatives drawn per question and epoch, weights, teacher
     scores); the loop is `run_training`'s. A distilling loss reads each example's own
     `teacher_scores`, or else has `teacher` (pairs -> logits) score the pairs each batch draws.
+    `rows_per_piece`: the encoders read each padded batch in length-sorted pieces of that many rows
+    (models/length_pieces.py: the same vectors, less padding); None: whole batches.
 
     Returns what `run_training` returns, and `teacher_rows`: the scores the teacher gave during
     the run, [positive, *drawn negatives] per question and epoch (this rank's slice under torchrun).
@@ -182,9 +186,10 @@ def train_bi_encoder(
         teacher = (batch.teacher_scores,) if isinstance(batch, TeacherBatch) else ()
         return (batch.queries, batch.positives, batch.negatives, batch.weights if weighted else None, *teacher)
 
-    result = run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
-                          progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
-                          gradient_checkpointing=args.gradient_checkpointing, eval_at_start=args.eval_at_start)
+    with encoding_in_pieces(loss_fn, rows_per_piece):
+        result = run_training(model, loss_fn, examples, sampler, collator, args, out_dir, evaluator=evaluator,
+                              progress=progress, device=device, callbacks=callbacks, loss_inputs=loss_inputs,
+                              gradient_checkpointing=args.gradient_checkpointing, eval_at_start=args.eval_at_start)
     return {**result, "teacher_rows": list(collator.teacher_rows.values())}
 
 
