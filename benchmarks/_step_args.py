@@ -1,6 +1,7 @@
 """What every training-step benchmark shares (training_throughput.py, xmoco_step_time.py,
-pretraining_throughput.py): the command-line options (the repeat protocol, steps per repeat,
-lengths, threads, learning rate, device, bf16) and the timed optimizer step."""
+pretraining_throughput.py, length_pieces.py): the command-line options (the repeat protocol, steps
+per repeat, lengths, threads, learning rate, device, bf16), the timed optimizer step and the
+alternated run of every system's steps."""
 from __future__ import annotations
 
 import argparse
@@ -30,3 +31,23 @@ def optimizer_step(loss_fn, inputs: tuple, optimizer, autocast) -> float:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss.detach())
+
+
+def alternate_steps(steps: dict, batches: list, warmup: int, steps_per_repeat: int, repeat: int,
+                    sync=None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every system's `step(batch) -> loss` on the same batches: `warmup` untimed steps each, then
+    `repeat` repeats of `steps_per_repeat` steps each on that repeat's batches, the systems
+    alternated (timing.alternate). Returns (seconds per repeat, losses: warm-up then timed) by system."""
+    losses = {name: [] for name in steps}
+    for batch in batches[:warmup]:
+        for name, step in steps.items():
+            losses[name].append(step(batch))
+
+    def timed(name):
+        def run(r):
+            first = warmup + r * steps_per_repeat
+            losses[name].extend(steps[name](batch) for batch in batches[first:first + steps_per_repeat])
+        return run
+
+    seconds, _ = timing.alternate({name: timed(name) for name in steps}, repeat, sync)
+    return seconds, losses

@@ -35,7 +35,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import reporting  # noqa: E402
 import timing  # noqa: E402
-from _step_args import add_step_arguments, optimizer_step  # noqa: E402
+from _step_args import add_step_arguments, alternate_steps, optimizer_step  # noqa: E402
 from _shared import squad_articles  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     if "contrastive" not in names or set(names) - set(builders):
         raise SystemExit(f"--systems: a subset of {list(builders)} holding contrastive (the reference)")
 
-    steps, losses = {}, {}
+    steps = {}
     for name in names:
         torch.manual_seed(0)  # the same weights for every system (the heads aside)
         model = build_model(args.model, args.random_init).to(device).train()
@@ -115,20 +115,10 @@ def main(argv=None) -> dict:
             p = {k: v.to(device) for k, v in collator.encode_passages([p for _, p, _ in batch]).items()}
             return optimizer_step(loss_fn, (q, p), optimizer, autocast)
 
-        steps[name], losses[name] = step, []
-
-    for b in batches[:args.warmup]:
-        for name, step in steps.items():
-            losses[name].append(step(b))
-
-    def timed(name):
-        def run(r):
-            first = args.warmup + r * spr
-            losses[name].extend(steps[name](b) for b in batches[first:first + spr])
-        return run
+        steps[name] = step
 
     sync = torch.cuda.synchronize if device == "cuda" else None
-    seconds, _ = timing.alternate({name: timed(name) for name in steps}, args.repeat, sync)
+    seconds, losses = alternate_steps(steps, batches, args.warmup, spr, args.repeat, sync)
     summaries = {name: timing.summarize(timing.rates(bs * spr, seconds[name])) for name in steps}
     hw = reporting.device_name(device)
     print(reporting.header(f"Pre-training throughput (SQuAD {args.squad})", __file__, argv))

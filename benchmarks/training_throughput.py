@@ -32,7 +32,7 @@ from pathlib import Path
 from _bootstrap import DEFAULT_SQUAD  # noqa: E402  (puts the project on sys.path)
 import reporting  # noqa: E402
 import timing  # noqa: E402
-from _step_args import add_step_arguments, optimizer_step  # noqa: E402
+from _step_args import add_step_arguments, alternate_steps, optimizer_step  # noqa: E402
 from _shared import squad_articles, st_peer  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -108,19 +108,8 @@ def main(argv=None) -> dict:
         return optimizer_step(st_loss, ([q, p], labels), st_opt, autocast)
 
     steps = {"st": st_step, "ours": our_step}
-    losses = {k: [] for k in steps}
-    for b in batches[:args.warmup]:  # untimed warm-up steps
-        for k, step in steps.items():
-            losses[k].append(step(b))
-
-    def timed_steps(step, key):
-        def run(r):
-            first = args.warmup + r * spr
-            losses[key].extend(step(b) for b in batches[first:first + spr])
-        return run
-
     sync = torch.cuda.synchronize if device == "cuda" else None
-    seconds, _ = timing.alternate({k: timed_steps(step, k) for k, step in steps.items()}, args.repeat, sync)
+    seconds, losses = alternate_steps(steps, batches, args.warmup, spr, args.repeat, sync)
     names = {"st": "sentence-transformers `MultipleNegativesRankingLoss` (peer)",
              "ours": "ours `BiEncoder` + `InBatchSoftmaxLoss`"}
     summaries = {names[k]: timing.summarize(timing.rates(bs * spr, seconds[k])) for k in steps}
