@@ -311,6 +311,35 @@ def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committ
     assert any(line.startswith("study: exported bm25_runs-") for line in said)
 
 
+def test_a_built_row_that_cannot_be_recorded_is_shown_in_the_status_and_the_runner_goes_on(repo, shared_data,
+                                                                                         tmp_path_factory, monkeypatch):
+    from flows.study import runner
+    from flows.study.machine import describe_cpu
+    from flows.study.status import BUILT, MEASURED, study_status
+
+    checkout, study = repo
+    real = runner.record_row
+
+    def refusing_bm25(study, row, *args):
+        if row.name == "bm25":
+            raise RuntimeError("the disk is full")
+        return real(study, row, *args)
+
+    monkeypatch.setattr(runner, "record_row", refusing_bm25)
+    said, root = [], tmp_path_factory.mktemp("root")
+    machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
+    assert runner.run_study(study, root, 600, machine, repo=None, say=said.append) == ["bm25-second"]
+    assert "study: bm25: built, but not recorded (RuntimeError: the disk is full); next row" in said
+    first = study_status(study, root, read_records(study.folder), machine)[0]
+    assert (first.row.name, first.state) == ("bm25", BUILT)
+    assert first.detail.endswith("recording it failed: RuntimeError: the disk is full")
+
+    monkeypatch.setattr(runner, "record_row", real)   # mended: the next run records it, and the note goes
+    assert runner.run_study(study, root, 600, machine, repo=None, say=said.append) == ["bm25"]
+    assert all(s.state == MEASURED for s in study_status(study, root, read_records(study.folder), machine))
+    assert not list(root.glob(".study-logs/*.not-recorded"))
+
+
 def _every_bm25_step_took_an_hour(study):
     """A record elsewhere that prices each of the BM25 row's six steps at an hour on ZEN3."""
     steps = ["ingest_documents", "ingest_questions", "chunk", "link_gold", "bm25_index", "bm25_search"]

@@ -100,7 +100,7 @@ def study_command(args) -> int:
         argv = ["--root", str(root), "study", "run", args.study, "--budget", f"{args.budget:.0f}s",
                 "--threads", str(_threads(args)), "--records-into", str(study.folder.parents[1])]
         argv += [f"--row={name}" for name in args.row or []] + (["--no-commit"] if args.no_commit else [])
-        from flows.study.runner import log_dir
+        from flows.study.status import log_dir
 
         log = log_dir(root) / "runner.log"
         pid = background(argv, log)

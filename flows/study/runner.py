@@ -20,17 +20,14 @@ from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
 from flows.study.records import code_commit, file_safe, read_records, write_record
-from flows.study.status import BUILT, MEASURED, Plans, RowStatus, open_store, row_status
+from storage.atomic import atomic_write_text
+from flows.study.status import (BUILT, MEASURED, Plans, RowStatus, log_dir, not_recorded_note, open_store,
+                                row_status)
 from tasks.config import PROJECT_ROOT
 
 logger = logging.getLogger("passage_forge")
 STOP_GRACE_S = 120.0   # a stopped run writes its last checkpoint and stops its Prefect server
 ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (start-up would eat it)
-
-
-def log_dir(root: Path) -> Path:
-    """The runs' logs, in the root (a dot-folder: the store takes it for no stage)."""
-    return root / ".study-logs"
 
 
 def pipeline_command(study: Study, row: Row, root: Path) -> list[str]:
@@ -87,7 +84,6 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
     current = study_as_it_is_now(study)
     if current.tables_file:   # the committed tables follow the records and study.yaml (a test holds them to both)
         from flows.study.tables import study_tables
-        from storage.atomic import atomic_write_text
 
         tables = current.folder.parents[1] / current.tables_file
         atomic_write_text(tables, study_tables(current))
@@ -180,11 +176,16 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
                 say(f"study: {row.name}: pforge run exited {rc} (log: {log_dir(root)}); next row")
                 keep_shared(study, plans, root, repo, say)
                 return True
+        note = not_recorded_note(root, row)
         try:
             path = record_row(study, row, plans, root, machine, commit, repo)
         except Exception as error:   # one row that cannot be recorded does not end the budget for the rest
-            say(f"study: {row.name}: built, but not recorded ({type(error).__name__}: {error}); next row")
+            why = f"{type(error).__name__}: {error}"
+            say(f"study: {row.name}: built, but not recorded ({why}); next row")
+            note.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(note, why + "\n")   # `pforge study status` shows it beside the row
             return True
+        note.unlink(missing_ok=True)
         recorded.append(row.name)
         say(f"study: {row.name}: recorded {path}")
         return True

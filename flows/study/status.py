@@ -12,6 +12,7 @@ from flows.study.definition import Row, Study
 from flows.study.estimate import (StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds,
                                   with_best_probe)
 from flows.study.measure import steps_run_here
+from flows.study.records import file_safe
 from storage import ArtifactStore
 from storage.paths import work_dir
 from tasks.engine import Plan
@@ -79,6 +80,16 @@ def passages_of(plan: Plan) -> str | None:
     return plan.planned_version(PASSAGES) if PASSAGES in plan else None
 
 
+def log_dir(root: Path) -> Path:
+    """The runs' logs, in the root (a dot-folder: the store takes it for no stage)."""
+    return root / ".study-logs"
+
+
+def not_recorded_note(root: Path, row: Row) -> Path:
+    """Where the runner leaves why a built row could not be recorded (gone once it is)."""
+    return log_dir(root) / f"{file_safe(row.name)}.not-recorded"
+
+
 def open_store(root: Path) -> ArtifactStore | None:
     return ArtifactStore(root, create=False) if root.is_dir() else None
 
@@ -102,7 +113,9 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
     left = [remaining(price_step(name, measured, priced_on, passages_of(plan)), in_flight.get(name))
             for name in steps if name not in built]
     if len(built) == len(steps):
-        return RowStatus(row, BUILT, "its artifact is in the local root", left)
+        note = not_recorded_note(store.root, row)
+        failed = f"; recording it failed: {note.read_text().strip()}" if note.is_file() else ""
+        return RowStatus(row, BUILT, "its artifact is in the local root" + failed, left)
     if built or in_flight:
         part_built = ", ".join(_part_built(step, progress) for step, progress in in_flight.items())
         detail = f"{len(built)} of {len(steps)} steps built" + (f"; {part_built} part-built" if in_flight else "")
