@@ -20,9 +20,9 @@ from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
 from flows.study.records import code_commit, file_safe, read_records, write_record
-from storage.atomic import atomic_write_text
 from flows.study.status import (BUILT, MEASURED, Plans, RowStatus, log_dir, not_recorded_note, open_store,
                                 row_status)
+from storage.atomic import atomic_write_text
 from tasks.config import PROJECT_ROOT
 
 logger = logging.getLogger("passage_forge")
