@@ -133,24 +133,63 @@ def encoded_tokens(mask: torch.Tensor, rows_per_piece: int | None) -> int:
     return sum(len(rows) * length for rows, length in pieces)
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], conflict_handler="resolve")
+def pieces_parser(doc: str, pieces: str) -> argparse.ArgumentParser:
+    """The options the length-pieces scripts share (their steps' own come after)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], conflict_handler="resolve")
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--pieces", default=pieces, help="rows per piece of each pieces system, comma-separated")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the batches")
+    ap.add_argument("--out", help="write the Markdown report here, and its JSON beside it")
+    return ap
+
+
+def rows_of(args) -> list[int]:
+    pieces = sorted({int(x) for x in args.pieces.split(",") if x.strip()})
+    if not pieces or min(pieces) < 1:
+        raise SystemExit(f"--pieces: rows per piece from 1, got {args.pieces!r}")
+    return pieces
+
+
+def step_times(seconds: dict[str, list[float]], steps_per_repeat: int) -> tuple[dict, dict]:
+    """(seconds per step by system, steps/s of each system over the whole batches' as a ratio)."""
+    per_step = {name: timing.summarize([s / steps_per_repeat for s in v]) for name, v in seconds.items()}
+    per_s = {name: timing.summarize(timing.rates(steps_per_repeat, v)) for name, v in seconds.items()}
+    return per_step, {name: timing.ratio(per_s[name], per_s[WHOLE]) for name in seconds}
+
+
+def time_systems(base, rows: dict[str, int | None], make_loss, batches: list, args, autocast, device):
+    """(seconds per repeat, losses) by system: each system trains its own copy of `base` with its
+    own AdamW, its models cutting their batches into its pieces for the whole run (as the trainers
+    do), the systems alternated over the same batches (_step_args.alternate_steps)."""
+    from models.length_pieces import encoding_in_pieces
+
+    steps, stack = {}, contextlib.ExitStack()
+    for name, n in rows.items():
+        model = copy.deepcopy(base).to(device).train()
+        loss_fn = make_loss(model).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        stack.enter_context(encoding_in_pieces(loss_fn, n))
+
+        def step(batch, loss_fn=loss_fn, optimizer=optimizer):
+            return optimizer_step(loss_fn, batch, optimizer, autocast)
+        steps[name] = step
+    with stack:
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
+        return alternate_steps(steps, batches, args.warmup, args.steps_per_repeat, args.repeat, sync)
+
+
+def main(argv=None) -> dict:
+    ap = pieces_parser(__doc__, pieces="4,8,16")
     ap.add_argument("--hard-negatives", type=int, default=2)
-    ap.add_argument("--pieces", default="4,8,16", help="rows per piece of each pieces system, comma-separated")
     add_step_arguments(ap, steps_per_repeat=2, passage_length=256)
     ap.set_defaults(query_length=64)
     ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
                     help="bf16 autocast of the forward and loss; auto: the trainer's choice "
                          "(tasks/training/precision.py: CUDA, CPUs with bf16 units)")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the batches")
-    ap.add_argument("--out", help="write the Markdown report here, and its JSON beside it")
     args = ap.parse_args(argv)
-    pieces = sorted({int(x) for x in args.pieces.split(",") if x.strip()})
-    if not pieces or min(pieces) < 1:
-        raise SystemExit(f"--pieces: rows per piece from 1, got {args.pieces!r}")
+    pieces = rows_of(args)
 
     torch.set_num_threads(args.threads)
     from models import BiEncoder, resolve_checkpoint
@@ -201,21 +240,8 @@ def main(argv=None) -> dict:
             max_abs_diff[name] = max(float((a - b).abs().max()) for a, b in zip(whole, cut))
     del check, whole, cut
 
-    steps, stack = {}, contextlib.ExitStack()
-    for name, n in rows.items():
-        model = copy.deepcopy(base).to(device).train()
-        loss_fn = WeightedInBatchSoftmaxLoss(model).to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        stack.enter_context(encoding_in_pieces(loss_fn, n))  # as the trainer does, for the whole run
-
-        def step(batch, loss_fn=loss_fn, optimizer=optimizer):
-            return optimizer_step(loss_fn, batch, optimizer, autocast)
-        steps[name] = step
+    seconds, losses = time_systems(base, rows, WeightedInBatchSoftmaxLoss, batches, args, autocast, device)
     del base
-
-    with stack:
-        sync = torch.cuda.synchronize if device.type == "cuda" else None
-        seconds, losses = alternate_steps(steps, batches, args.warmup, spr, args.repeat, sync)
 
     # -- padding: what each system encodes of the timed steps' batches ------------------------
     def masks(kind: str) -> list[torch.Tensor]:
@@ -239,15 +265,13 @@ def main(argv=None) -> dict:
     lengths = torch.cat([m.sum(dim=1) for m in masks("passages")])
     n_timed = len(timed_batches)
 
-    per_step = {name: timing.summarize([s / spr for s in v]) for name, v in seconds.items()}
-    per_s = {name: timing.summarize(timing.rates(spr, v)) for name, v in seconds.items()}
-    speedup = {name: timing.ratio(per_s[name], per_s[WHOLE]) for name in steps}
+    per_step, speedup = step_times(seconds, spr)
     table = [[name + (" (CPU default)" if rows[name] == default else ""), timing.fmt_summary(per_step[name], ".2f"),
               "1.00x (reference)" if name == WHOLE else timing.fmt_ratio(speedup[name]),
               f"{100 * padding[name]['passage_padding_share']:.1f}%",
               f"{padding[name]['passage_tokens_encoded'] / n_timed:,.0f}",
               f"{100 * padding[name]['question_padding_share']:.1f}%"]
-             for name in steps]
+             for name in rows]
 
     hw = reporting.device_name(args.device)
     lines = [
@@ -262,7 +286,7 @@ def main(argv=None) -> dict:
         f"{'bf16 autocast' if bf16 else 'fp32'} (--bf16 {args.bf16}; CPU bf16 units: "
         f"{'yes' if has_bf16_units() else 'no'}); torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"os.cpu_count() {os.cpu_count()}.",
-        timing.protocol_line(args.repeat, list(steps)),
+        timing.protocol_line(args.repeat, list(rows)),
         "",
         reporting.markdown_table(
             ["system", "seconds per step, median (range)", "steps/s vs whole batches (range)",
