@@ -21,6 +21,8 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    "train.checkpoint_every", "train.keep_checkpoints", "train.schedule.checkpoint_every",
                    "train.schedule.keep_checkpoints", "config.train.checkpoint_every",
                    "config.train.keep_checkpoints",
+                   # how many rows a training step encodes at a time (the same vectors; models/length_pieces.py)
+                   "train.length_pieces", "config.train.length_pieces",
                    # a model folder's path (its digest is hashed): the generated queries' miner, an imported classifier
                    "synthetic.miner_origin.init_path", "folder", "start_folder",
                    # always empty where the classifier trains (a named one is imported by another stage)
@@ -76,6 +78,8 @@ CASES = [
     ("cross_encoder", {"cross_encoder.train.lr": 1e-4}, {"silver.top_k": 5}),
     ("cross_encoder", {"cross_encoder.dev_share": 0.2}, {"cross_encoder.device": "cpu"}),
     ("cross_encoder", {"cross_encoder.select_by": "log_loss"}, {"cross_encoder.train.checkpoint_every": 7}),
+    ("cross_encoder", {"cross_encoder.train.seed": 5}, {"cross_encoder.train.length_pieces": 4}),
+    ("train:tr", {"dense.systems.1.train.schedule.seed": 5}, {"dense.systems.1.train.length_pieces": None}),
     ("train:tr", {"dense.systems.1.train.schedule.passage_max_len": 100}, {"dense.systems.1.train.schedule.checkpoint_every": 3}),
     ("evaluate", {"evaluation.compare": [["tr", "zs"]]}, {"dense.systems.1.train.schedule.keep_checkpoints": 4}),
     ("pairs:silver", {"silver.threshold": 0.6}, {"cross_encoder.train.lr": 1e-4}),
