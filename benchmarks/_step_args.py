@@ -1,6 +1,6 @@
 """What every training-step benchmark shares (training_throughput.py, xmoco_step_time.py,
-pretraining_throughput.py, length_pieces.py): the command-line options (the repeat protocol, steps
-per repeat, lengths, threads, learning rate, device, bf16), the timed optimizer step and the
+pretraining_throughput.py, the length_pieces scripts): the command-line options (the repeat protocol,
+steps per repeat, lengths, threads, learning rate, device, bf16), the timed optimizer step and the
 alternated run of every system's steps."""
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import timing
 
 
 def add_step_arguments(ap: argparse.ArgumentParser, *, steps_per_repeat: int = 1, passage_length: int = 128,
-                       lr: float = 2e-5, passage_help: str = "passage tokens") -> None:
+                       lr: float = 2e-5, passage_help: str = "passage tokens", bf16_choice: bool = False) -> None:
+    """`bf16_choice`: --bf16 auto|on|off, the trainers' own choice by default (the steps measured as
+    the pipeline runs them); else --bf16 is a flag that turns the autocast on."""
     timing.add_repeat_argument(ap, what="timed repeats")
     ap.add_argument("--steps-per-repeat", type=int, default=steps_per_repeat, help="steps per system in each repeat")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per system first")
@@ -19,7 +21,12 @@ def add_step_arguments(ap: argparse.ArgumentParser, *, steps_per_repeat: int = 1
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) forward + loss (meant for CUDA)")
+    if bf16_choice:
+        ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
+                        help="bf16 autocast of the forward and loss; auto: the trainer's choice "
+                             "(tasks/training/precision.py: CUDA, CPUs with bf16 units)")
+    else:
+        ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) forward + loss (meant for CUDA)")
 
 
 def optimizer_step(loss_fn, inputs: tuple, optimizer, autocast) -> float:

@@ -135,7 +135,7 @@ def encoded_tokens(mask: torch.Tensor, rows_per_piece: int | None) -> int:
 
 def pieces_parser(doc: str, pieces: str) -> argparse.ArgumentParser:
     """The options the length-pieces scripts share (their steps' own come after)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], conflict_handler="resolve")
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD))
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -169,7 +169,8 @@ def time_systems(base, rows: dict[str, int | None], make_loss, batches: list, ar
     for name, n in rows.items():
         model = copy.deepcopy(base).to(device).train()
         loss_fn = make_loss(model).to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        # the loss's own parameters too (the pre-training heads), each once
+        optimizer = torch.optim.AdamW(list(dict.fromkeys([*model.parameters(), *loss_fn.parameters()])), lr=args.lr)
         stack.enter_context(encoding_in_pieces(loss_fn, n))
 
         def step(batch, loss_fn=loss_fn, optimizer=optimizer):
@@ -180,32 +181,77 @@ def time_systems(base, rows: dict[str, int | None], make_loss, batches: list, ar
         return alternate_steps(steps, batches, args.warmup, args.steps_per_repeat, args.repeat, sync)
 
 
+def device_and_autocast(args) -> tuple[torch.device, bool, object]:
+    """(device, whether bf16 autocast is on, the autocast context factory) for --device and --bf16,
+    the trainers' choice (tasks/training/precision.py)."""
+    from tasks.training.precision import bf16_autocast, use_bf16
+
+    device = torch.device(args.device)
+    bf16 = use_bf16(args.bf16, device)
+    return device, bf16, bf16_autocast(device) if bf16 else contextlib.nullcontext
+
+
+TABLE_HEAD = ["system", "seconds per step, median (range)", "steps/s vs whole batches (range)"]
+
+
+def timing_rows(rows: dict[str, int | None], seconds: dict[str, list[float]], steps_per_repeat: int,
+                extra) -> tuple[list[list[str]], dict, dict]:
+    """(the report's table rows: each system's seconds per step and speed-up over whole batches,
+    the pipeline's CPU default marked, then `extra(name)`'s cells; seconds per step; speed-ups)."""
+    from tasks.training.arguments import rows_per_piece
+
+    default = rows_per_piece("auto", "cpu")
+    per_step, speedup = step_times(seconds, steps_per_repeat)
+    table = [[name + (" (CPU default)" if n == default else ""), timing.fmt_summary(per_step[name], ".2f"),
+              "1.00x (reference)" if name == WHOLE else timing.fmt_ratio(speedup[name]), *extra(name)]
+             for name, n in rows.items()]
+    return table, per_step, speedup
+
+
+def run_description(args, hw: str, bf16: bool) -> str:
+    """Where and how a report's steps ran: device, precision, torch, threads."""
+    from models.cpu_features import has_bf16_units
+
+    return (f"device {args.device} ({hw}); {'bf16 autocast' if bf16 else 'fp32'} (--bf16 {args.bf16}; CPU bf16 "
+            f"units: {'yes' if has_bf16_units() else 'no'}); torch {torch.__version__}, {torch.get_num_threads()} "
+            f"threads, os.cpu_count() {os.cpu_count()}.")
+
+
+def step_lines(seconds: dict[str, list[float]], losses: dict[str, list[float]], steps_per_repeat: int) -> list[str]:
+    """The report's raw figures: every repeat's seconds per step, every step's loss."""
+    return ["per-step seconds by repeat: " + "; ".join(
+                f"{k} " + ", ".join(f"{x / steps_per_repeat:.2f}" for x in v) for k, v in seconds.items()),
+            "losses (warm-up, timed...): " + "; ".join(
+                f"{k} " + ", ".join(f"{x:.4f}" for x in v) for k, v in losses.items())]
+
+
+def publish(args, lines: list[str], result: dict) -> dict:
+    """Prints the report, writes it (and its JSON) to --out when given, returns the result."""
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        reporting.write_report(Path(args.out), report, result)
+    return result
+
+
 def main(argv=None) -> dict:
     ap = pieces_parser(__doc__, pieces="4,8,16")
     ap.add_argument("--hard-negatives", type=int, default=2)
-    add_step_arguments(ap, steps_per_repeat=2, passage_length=256)
+    add_step_arguments(ap, steps_per_repeat=2, passage_length=256, bf16_choice=True)
     ap.set_defaults(query_length=64)
-    ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
-                    help="bf16 autocast of the forward and loss; auto: the trainer's choice "
-                         "(tasks/training/precision.py: CUDA, CPUs with bf16 units)")
     args = ap.parse_args(argv)
     pieces = rows_of(args)
 
     torch.set_num_threads(args.threads)
     from models import BiEncoder, resolve_checkpoint
-    from models.cpu_features import has_bf16_units
     from models.length_pieces import encoding_in_pieces
     from models.losses import WeightedInBatchSoftmaxLoss
     from tasks.training import Collator
-    from tasks.training.arguments import rows_per_piece
-    from tasks.training.precision import bf16_autocast, use_bf16
     from transformers import AutoTokenizer
 
-    device = torch.device(args.device)
+    device, bf16, autocast = device_and_autocast(args)
     bs, n_neg, spr = args.batch_size, args.hard_negatives, args.steps_per_repeat
     n_steps = args.warmup + args.repeat * spr
-    bf16 = use_bf16(args.bf16, device)
-    autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
 
     # -- batches: drawn per step, collated once, the same for every system -----------------
     passages, questions = passages_and_questions(Path(args.squad))
@@ -224,7 +270,6 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     base = BiEncoder.from_pretrained(args.model, pooling="mean", normalize=True, scale=SCALE)
     rows = {WHOLE: None, **{pieces_name(n): n for n in pieces}}
-    default = rows_per_piece("auto", "cpu")  # the pipeline's pieces on a CPU
 
     # the equality check: one batch, eval mode, no autocast, whole against pieces
     check = copy.deepcopy(base).to(device).eval()
@@ -265,13 +310,10 @@ def main(argv=None) -> dict:
     lengths = torch.cat([m.sum(dim=1) for m in masks("passages")])
     n_timed = len(timed_batches)
 
-    per_step, speedup = step_times(seconds, spr)
-    table = [[name + (" (CPU default)" if rows[name] == default else ""), timing.fmt_summary(per_step[name], ".2f"),
-              "1.00x (reference)" if name == WHOLE else timing.fmt_ratio(speedup[name]),
-              f"{100 * padding[name]['passage_padding_share']:.1f}%",
-              f"{padding[name]['passage_tokens_encoded'] / n_timed:,.0f}",
-              f"{100 * padding[name]['question_padding_share']:.1f}%"]
-             for name in rows]
+    table, per_step, speedup = timing_rows(rows, seconds, spr, lambda name: [
+        f"{100 * padding[name]['passage_padding_share']:.1f}%",
+        f"{padding[name]['passage_tokens_encoded'] / n_timed:,.0f}",
+        f"{100 * padding[name]['question_padding_share']:.1f}%"])
 
     hw = reporting.device_name(args.device)
     lines = [
@@ -282,16 +324,11 @@ def main(argv=None) -> dict:
         f"negatives ({n_neg} each); DPR 100-word passages with their title; query/passage tokens at most "
         f"{args.query_length}/{args.passage_length}, padded to each batch's longest; AdamW lr {args.lr:g}; "
         f"{args.warmup} warm-up step(s), then {spr} step(s) per system per repeat, new batches every step "
-        f"(seed {args.seed}); device {args.device} ({hw}); "
-        f"{'bf16 autocast' if bf16 else 'fp32'} (--bf16 {args.bf16}; CPU bf16 units: "
-        f"{'yes' if has_bf16_units() else 'no'}); torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"os.cpu_count() {os.cpu_count()}.",
+        f"(seed {args.seed}); " + run_description(args, hw, bf16),
         timing.protocol_line(args.repeat, list(rows)),
         "",
         reporting.markdown_table(
-            ["system", "seconds per step, median (range)", "steps/s vs whole batches (range)",
-             "passage padding share", "passage tokens encoded per step", "question padding share"],
-            table),
+            [*TABLE_HEAD, "passage padding share", "passage tokens encoded per step", "question padding share"], table),
         "",
         f"- passage lengths in the timed batches (tokens, title included): min {int(lengths.min())}, median "
         f"{int(lengths.median())}, max {int(lengths.max())}; {int(padding[WHOLE]['passage_tokens_real']) / n_timed:,.0f} "
@@ -303,20 +340,13 @@ def main(argv=None) -> dict:
         "from the whole batch's vectors (questions, positives, negatives): "
         + ", ".join(f"{name} {d:.1e}" for name, d in max_abs_diff.items()),
         "",
-        "per-step seconds by repeat: " + "; ".join(
-            f"{k} " + ", ".join(f"{x / spr:.2f}" for x in v) for k, v in seconds.items()),
-        "losses (warm-up, timed...): " + "; ".join(
-            f"{k} " + ", ".join(f"{x:.4f}" for x in v) for k, v in losses.items()),
+        *step_lines(seconds, losses, spr),
     ]
-    report = "\n".join(lines)
-    print(report)
-    result = {"args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
-              "seconds_per_step": {k: s.values for k, s in per_step.items()},
-              "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()},
-              "padding": padding, "max_abs_diff": max_abs_diff, "losses": losses}
-    if args.out:
-        reporting.write_report(Path(args.out), report, result)
-    return result
+    return publish(args, lines, {
+        "args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
+        "seconds_per_step": {k: s.values for k, s in per_step.items()},
+        "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()},
+        "padding": padding, "max_abs_diff": max_abs_diff, "losses": losses})
 
 
 if __name__ == "__main__":

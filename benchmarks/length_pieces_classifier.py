@@ -20,7 +20,6 @@ benchmarks/length_pieces.py (benchmarks/timing.py's alternated protocol).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import random
@@ -30,8 +29,9 @@ import _bootstrap  # noqa: E402,F401  (puts the project on sys.path)
 import reporting  # noqa: E402
 import timing  # noqa: E402
 from _step_args import add_step_arguments  # noqa: E402
-from length_pieces import (WHOLE, draw_examples, encoded_tokens, passages_and_questions, pieces_name,  # noqa: E402
-                           pieces_parser, rows_of, step_times, time_systems)
+from length_pieces import (TABLE_HEAD, WHOLE, device_and_autocast, draw_examples, encoded_tokens,  # noqa: E402
+                           passages_and_questions, pieces_name, pieces_parser, publish, rows_of, run_description,
+                           step_lines, time_systems, timing_rows)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -48,23 +48,16 @@ def labelled_pairs(passages, questions, batch_size: int, rng: random.Random) -> 
 def main(argv=None) -> dict:
     ap = pieces_parser(__doc__, pieces="8")
     add_step_arguments(ap, steps_per_repeat=2, passage_length=256, lr=1e-4,
-                       passage_help="tokens of question and passage together")
-    ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
-                    help="bf16 autocast of the forward and loss; auto: the trainer's choice")
+                       passage_help="tokens of question and passage together", bf16_choice=True)
     args = ap.parse_args(argv)
     pieces = rows_of(args)
 
     torch.set_num_threads(args.threads)
-    from models.cpu_features import has_bf16_units
     from models.cross_encoder import BinaryCrossEntropyLoss, CrossEncoderModel
     from models.length_pieces import encoding_in_pieces
-    from tasks.training.arguments import rows_per_piece
-    from tasks.training.precision import bf16_autocast, use_bf16
 
-    device = torch.device(args.device)
+    device, bf16, autocast = device_and_autocast(args)
     bs, spr = args.batch_size, args.steps_per_repeat
-    bf16 = use_bf16(args.bf16, device)
-    autocast = bf16_autocast(device) if bf16 else contextlib.nullcontext
 
     torch.manual_seed(0)
     base = CrossEncoderModel.from_base(args.model, max_length=args.passage_length)
@@ -77,7 +70,6 @@ def main(argv=None) -> dict:
         batches.append((features, torch.tensor(labels, dtype=torch.float32, device=device)))
     timed_batches = batches[args.warmup:]
     rows = {WHOLE: None, **{pieces_name(n): n for n in pieces}}
-    default = rows_per_piece("auto", "cpu")
 
     check = copy.deepcopy(base).to(device).eval()   # the same logits: eval mode, no autocast
     with torch.no_grad():
@@ -95,10 +87,7 @@ def main(argv=None) -> dict:
     masks = [features["attention_mask"].cpu() for features, _ in timed_batches]
     real = sum(int(m.sum()) for m in masks)
     padding = {name: 1 - real / sum(encoded_tokens(m, n) for m in masks) for name, n in rows.items()}
-    per_step, speedup = step_times(seconds, spr)
-    table = [[name + (" (CPU default)" if rows[name] == default else ""), timing.fmt_summary(per_step[name], ".2f"),
-              "1.00x (reference)" if name == WHOLE else timing.fmt_ratio(speedup[name]),
-              f"{100 * padding[name]:.1f}%"] for name in rows]
+    table, _, speedup = timing_rows(rows, seconds, spr, lambda name: [f"{100 * padding[name]:.1f}%"])
     hw = reporting.device_name(args.device)
     lines = [
         reporting.header("Length pieces: a classifier training step, whole batches against length-sorted pieces",
@@ -106,29 +95,20 @@ def main(argv=None) -> dict:
         f"model {args.model} with a fresh one-logit head; binary cross-entropy; batch {bs} (question, passage) "
         f"pairs, half positive; DPR 100-word passages; at most {args.passage_length} tokens a pair, padded to each "
         f"batch's longest; AdamW lr {args.lr:g}; {args.warmup} warm-up step(s), then {spr} step(s) per system per "
-        f"repeat, new batches every step (seed {args.seed}); device {args.device} ({hw}); "
-        f"{'bf16 autocast' if bf16 else 'fp32'} (--bf16 {args.bf16}; CPU bf16 units: "
-        f"{'yes' if has_bf16_units() else 'no'}); torch {torch.__version__}, {torch.get_num_threads()} threads.",
+        f"repeat, new batches every step (seed {args.seed}); " + run_description(args, hw, bf16),
         timing.protocol_line(args.repeat, list(rows)),
         "",
-        reporting.markdown_table(["system", "seconds per step, median (range)", "steps/s vs whole batches (range)",
-                                  "padding share"], table),
+        reporting.markdown_table([*TABLE_HEAD, "padding share"], table),
         "",
         "- padding share: padded tokens / all tokens encoded over the timed steps' batches",
         "- the same logits: one batch in eval mode without autocast, largest absolute difference from the whole "
         "batch's: " + ", ".join(f"{name} {d:.1e}" for name, d in max_abs_diff.items()),
         "",
-        "per-step seconds by repeat: " + "; ".join(
-            f"{k} " + ", ".join(f"{x / spr:.2f}" for x in v) for k, v in seconds.items()),
+        *step_lines(seconds, losses, spr),
     ]
-    report = "\n".join(lines)
-    print(report)
-    result = {"args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
-              "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()}, "padding": padding,
-              "max_abs_diff": max_abs_diff, "losses": losses}
-    if args.out:
-        reporting.write_report(Path(args.out), report, result)
-    return result
+    return publish(args, lines, {"args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
+                                 "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()}, "padding": padding,
+                                 "max_abs_diff": max_abs_diff, "losses": losses})
 
 
 if __name__ == "__main__":

@@ -43,23 +43,40 @@ def piece_of(inputs: Mapping[str, torch.Tensor], rows: torch.Tensor, length: int
     return {name: value[rows, :length] for name, value in inputs.items()}
 
 
+def batch_pieces(inputs: Mapping[str, torch.Tensor],
+                 rows_per_piece: int | None) -> list[tuple[torch.Tensor | None, dict[str, torch.Tensor]]]:
+    """(the batch rows, the tensors of `inputs` cut to them) for each piece `length_pieces` cuts
+    from the batch, or [(None, inputs)] when it is read whole (so is a batch with a tensor not
+    shaped as its mask, such as broadcast position ids)."""
+    mask = inputs.get("attention_mask")
+    pieces = length_pieces(mask, rows_per_piece)
+    if pieces is None or any(value.shape != mask.shape for value in inputs.values()):
+        return [(None, dict(inputs))]
+    return [(rows, piece_of(inputs, rows, length)) for rows, length in pieces]
+
+
+def in_batch_order(parts: list[torch.Tensor], rows: list[torch.Tensor | None]) -> torch.Tensor:
+    """The pieces' per-row outputs (from `batch_pieces`, in its order) back in the batch's row order
+    (differentiable: the gradient reaches every piece)."""
+    if len(parts) == 1 and rows[0] is None:
+        return parts[0]
+    return torch.cat(parts)[torch.argsort(torch.cat(rows))]
+
+
 def encode_in_pieces(encode: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
                      inputs: Mapping[str, torch.Tensor], rows_per_piece: int | None) -> torch.Tensor:
     """`encode(inputs)` (one vector a row), computed piece by piece where `length_pieces` cuts the
-    batch, the vectors back in the batch's row order (differentiable: the gradient reaches every piece)."""
-    pieces = length_pieces(inputs.get("attention_mask"), rows_per_piece)
-    if pieces is None:
-        return encode(inputs)
-    vectors = torch.cat([encode(piece_of(inputs, rows, length)) for rows, length in pieces])
-    rows = torch.cat([rows for rows, _ in pieces])
-    return vectors[torch.argsort(rows)]
+    batch, the vectors back in the batch's row order."""
+    pieces = batch_pieces(inputs, rows_per_piece)
+    return in_batch_order([encode(piece) for _, piece in pieces], [rows for rows, _ in pieces])
 
 
 @contextlib.contextmanager
 def encoding_in_pieces(module: nn.Module, rows_per_piece: int | None):
     """Every model in `module` that encodes in pieces (it has `rows_per_piece`: the dual encoder,
     the cross-encoder) cuts its batches into pieces of `rows_per_piece` rows while the block runs;
-    a loss holds its model, and xMoCo's its slow copy too."""
+    a loss holds its model, and xMoCo's its slow copy too (the pre-training objectives read their
+    model's setting, models/pretraining/losses.py)."""
     models = [m for m in module.modules() if hasattr(m, "rows_per_piece")]
     before = [m.rows_per_piece for m in models]
     for model in models:

@@ -22,7 +22,7 @@ RUNTIME_ALLOWED = {"device", "generate.device", "threads", "shard_size", "data_r
                    "train.schedule.keep_checkpoints", "config.train.checkpoint_every",
                    "config.train.keep_checkpoints",
                    # how many rows a training step encodes at a time (the same vectors; models/length_pieces.py)
-                   "train.length_pieces", "config.train.length_pieces",
+                   "train.length_pieces", "config.train.length_pieces", "length_pieces",
                    # a model folder's path (its digest is hashed): the generated queries' miner, an imported classifier
                    "synthetic.miner_origin.init_path", "folder", "start_folder",
                    # always empty where the classifier trains (a named one is imported by another stage)

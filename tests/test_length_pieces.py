@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from models import BiEncoder, InBatchSoftmaxLoss  # noqa: E402
 from models.losses import XMoCoLoss  # noqa: E402
 from models.length_pieces import encoding_in_pieces  # noqa: E402
-from models.length_pieces import is_right_padded, length_pieces  # noqa: E402
+from models.length_pieces import batch_pieces, is_right_padded, length_pieces  # noqa: E402
 from tasks.training import TrainerArgs, TrainExample  # noqa: E402
 from tasks.training import train_bi_encoder  # noqa: E402
 from tasks.training.arguments import CPU_ROWS_PER_PIECE, rows_per_piece  # noqa: E402
@@ -76,6 +76,12 @@ def test_only_a_right_padded_batch_of_more_rows_than_a_piece_is_cut():
     assert [(rows.tolist(), length) for rows, length in pieces] == [([2, 0], 4), ([1], 2)]
     assert length_pieces(left, 2) is None, "cutting on the left would move a row's positions"
     assert length_pieces(right, 3) is None and length_pieces(right, None) is None and length_pieces(None, 2) is None
+    ids = torch.arange(12).reshape(3, 4)
+    pieces = batch_pieces({"input_ids": ids, "attention_mask": right}, 2)
+    assert [(rows.tolist(), piece["input_ids"].tolist()) for rows, piece in pieces] == [
+        ([2, 0], [[8, 9, 10, 11], [0, 1, 2, 3]]), ([1], [[4, 5]])]
+    whole = batch_pieces({"input_ids": ids, "attention_mask": right, "position_ids": torch.arange(4)[None]}, 2)
+    assert [rows for rows, _ in whole] == [None], "a tensor not shaped as the mask: the batch is read whole"
 
 
 def test_the_setting_reaches_every_encoder_a_loss_holds(checkpoint):

@@ -12,6 +12,7 @@ from flows.pipeline import pipeline
 from models.bi_encoder import CONFIG_NAME
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, PipelineConfig, load_config
+from tasks.training.arguments import CPU_ROWS_PER_PIECE
 
 pytestmark = pytest.mark.usefixtures("flush_denormals")
 TINY = PROJECT_ROOT / "configs" / "tiny.yaml"
@@ -56,6 +57,7 @@ def test_pretraining_then_retriever_1_and_2(prefect_harness, tmp_path, tiny_gene
         assert (folder / "tokenizer.json").is_file() and not (folder / CONFIG_NAME).exists()
         stats = art.manifest["stats"]
         assert stats["steps"] == 2 and stats["mlm_head"] == "fresh"
+        assert stats["rows_per_piece"] == CPU_ROWS_PER_PIECE, "length_pieces: auto cuts a CPU run's spans"
         assert json.loads((art.subdir("training") / "history.json").read_text())["total_steps"] == 2
     qac = store.get("pretrained_encoder", versions["pretrain:qac"])
     assert set(qac.manifest["inputs"]) == {"chunk", "synthetic_queries"}

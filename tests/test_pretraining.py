@@ -328,6 +328,84 @@ def test_pairs_from_queries_and_from_documents():
     assert sample_examples(pp, None, 1) is pp
 
 
+# ------------------------------------------------------------------------------ length pieces
+def span_batches(tok):
+    """Five contexts and passages of mixed lengths, right-padded as the collator pads them."""
+    texts = ["paris", "the seine flow through paris city and the largest river of france", "city of france",
+             "what is the capital", "the largest river of france is the seine and it flow through paris"]
+    q = dict(tok([t.split()[0] + " " + t.split()[-1] for t in texts], padding=True, return_tensors="pt"))
+    p = dict(tok([f"title {i}" for i in range(5)], texts, padding=True, return_tensors="pt"))
+    return q, p
+
+
+def terms_and_grads(loss, q, p):
+    loss.step = 4
+    total = loss(q, p)
+    total.backward()
+    grads = {name: w.grad.clone() for name, w in loss.named_parameters() if w.grad is not None}
+    return {k: v.item() for k, v in loss.last_terms.items()}, grads
+
+
+@pytest.mark.parametrize("objective", ["cocondenser", "cotmae"])
+def test_pretraining_reads_length_pieces_as_the_whole_batch(checkpoint, objective):
+    """The trainer's length pieces (models/length_pieces.py) reach the objectives: the encoder reads
+    each masked span in pieces cut to their longest row, and the terms and gradients are the whole
+    batch's (the same masks; the MLM sums add over pieces; the representations in row order)."""
+    from models.length_pieces import encoding_in_pieces
+    from models.pretraining import build_pretraining_loss
+
+    results, shapes = [], []
+    for rows in (None, 2):
+        torch.manual_seed(0)   # the same heads for both
+        model = tiny_model(checkpoint)
+        loss = sharpen(build_pretraining_loss(objective, model, seed=3)).eval()   # eval: no dropout
+        seen = []
+        model.query_encoder.register_forward_pre_hook(
+            lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        q, p = span_batches(model.tokenizer)
+        with encoding_in_pieces(loss, rows):
+            results.append(terms_and_grads(loss, q, p))
+        shapes.append(seen)
+    (whole_terms, whole_grads), (piece_terms, piece_grads) = results
+    assert piece_terms == pytest.approx(whole_terms, abs=1e-5) and whole_terms["mlm"] > 0
+    assert whole_grads.keys() == piece_grads.keys() and len(whole_grads) > 4
+    for name in whole_grads:
+        torch.testing.assert_close(piece_grads[name], whole_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    passage_rows, longest = p["input_ids"].shape
+    assert shapes[0][0] == (passage_rows, longest)
+    lengths = sorted(p["attention_mask"].sum(1).tolist(), reverse=True)
+    assert shapes[1][:3] == [(2, lengths[0]), (2, lengths[2]), (1, lengths[4])], "the passage span, cut in pieces"
+
+
+def test_a_pretraining_run_cuts_its_batches_as_told_and_keeps_its_version(checkpoint, tmp_path):
+    from models.pretraining import build_pretraining_loss
+    from tasks.pretrain.stages import PretrainConfig, PretrainParams, stages
+    from tasks.config import PipelineConfig, PROJECT_ROOT, load_config
+
+    model = tiny_model(checkpoint)
+    seen = []
+    model.query_encoder.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    result = train_bi_encoder(model, build_pretraining_loss("cocondenser", model), pretraining_examples(),
+                              tiny_args(max_steps=2, batch_size=6), tmp_path, rows_per_piece=2)
+    assert len(result["history"]) == 2 and seen and max(seen) == 2, "every span of 6 read 2 rows at a time"
+    assert model.rows_per_piece is None
+
+    raw = load_config(PROJECT_ROOT / "configs" / "tiny.yaml").model_dump()
+    raw["dense"] = {"systems": []}
+
+    def planned(**run):
+        cfg = PipelineConfig.model_validate({**raw, "pretrain": [{"name": "pp", "form": "passage-passage", **run}]})
+        return stages(cfg, [])[0].params
+
+    assert planned().length_pieces == "auto" and planned(length_pieces=4).length_pieces == 4
+    assert "length_pieces" not in planned(length_pieces=4).pretrain.model_dump()
+    assert planned(length_pieces=4).hashed() == planned(length_pieces=None).hashed() == planned().hashed()
+    assert planned(seed=7).hashed() != planned().hashed()
+    assert PretrainParams.RUNTIME == {"device", "length_pieces"}
+    assert PretrainConfig(name="x", form="cotmae", length_pieces=None).run() == PretrainConfig(name="x", form="cotmae").run()
+
+
 # ----------------------------------------------------------------- config and the checkpoint
 def test_pretrain_config_defaults_and_errors():
     from tasks.pretrain.stages import PretrainConfig

@@ -12,6 +12,9 @@ trainer checkpoints them with it and the encoder is saved without them.
 
 Masking is drawn per (seed, step, span) (`masking.step_generator`): the trainer tells the loss
 the step through the `on_batch` hook, so a resumed run masks exactly as an uninterrupted one.
+The encoder reads a masked span in its model's length pieces (models/length_pieces.py: the trainer
+sets them): the MLM terms are sums over pieces and the representations go back in row order, so
+the loss is the whole batch's with less padding.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from models.callbacks import TrainerCallback
+from models.length_pieces import batch_pieces, in_batch_order
 from models.losses.base import EmbeddingLoss, no_weights
 from models.losses.distributed import gather_rows
 from models.pooling import Pooling, pool
@@ -109,6 +113,13 @@ class PretrainingLoss(EmbeddingLoss, TrainerCallback):
         return mask_tokens(batch["input_ids"], batch["attention_mask"], rate, self.spec,
                            step_generator(self.seed, self.step, stream))
 
+    def masked_pieces(self, batch: Mapping[str, Any], masked: torch.Tensor, labels: torch.Tensor):
+        """(batch rows, piece) for each length piece of a masked span: a piece holds the encoder's
+        inputs, the masked ids and the MLM labels of its rows, cut to its longest row; one piece
+        (rows None) unless the model encodes in pieces."""
+        inputs = {k: v for k, v in batch.items() if k in _ENCODER_INPUTS and v is not None}
+        return batch_pieces({**inputs, "input_ids": masked, "labels": labels}, getattr(self.model, "rows_per_piece", None))
+
     def run_encoder(self, batch: Mapping[str, Any], input_ids: torch.Tensor, hidden_states: bool = False):
         inputs = {k: v for k, v in batch.items() if k in _ENCODER_INPUTS and v is not None}
         return self.encoder(input_ids=input_ids, output_hidden_states=hidden_states, **inputs)
@@ -154,20 +165,25 @@ class CoCondenserLoss(PretrainingLoss):
         self.pooling = Pooling(pooling)
 
     def span(self, batch: Mapping[str, Any], stream: str):
-        """(representation, (MLM sum, count), (head MLM sum, count)) of one span."""
+        """(representation, [(MLM sum, count)], [(head MLM sum, count)]) of one span, a sum per piece."""
         masked, labels = self.mask(batch, self.mask_rate, stream)
-        states = self.run_encoder(batch, masked, hidden_states=True).hidden_states
-        last, middle = states[-1], states[self.middle_layer]
-        head_out = self.head(torch.cat([last[:, :1], middle[:, 1:]], dim=1), batch["attention_mask"])
-        rep = pool(last, batch["attention_mask"], self.pooling)
-        return rep, self.mlm_sum(last, labels), self.mlm_sum(head_out, labels)
+        reps, rows, mlm, aux = [], [], [], []
+        for piece_rows, piece in self.masked_pieces(batch, masked, labels):
+            states = self.run_encoder(piece, piece["input_ids"], hidden_states=True).hidden_states
+            last, middle = states[-1], states[self.middle_layer]
+            head_out = self.head(torch.cat([last[:, :1], middle[:, 1:]], dim=1), piece["attention_mask"])
+            reps.append(pool(last, piece["attention_mask"], self.pooling))
+            rows.append(piece_rows)
+            mlm.append(self.mlm_sum(last, piece["labels"]))
+            aux.append(self.mlm_sum(head_out, piece["labels"]))
+        return in_batch_order(reps, rows), mlm, aux
 
     def terms(self, context_batch, passage_batch):
         p_rep, p_mlm, p_aux = self.span(passage_batch, "passage")
         c_rep, c_mlm, c_aux = self.span(context_batch, "context")
         # Under DDP the in-batch negatives are the global batch's (identity in one process); the
         # MLM terms stay per rank, averaged over ranks by DDP.
-        return {"mlm": _mean([p_mlm, c_mlm]), "aux_mlm": _mean([p_aux, c_aux]),
+        return {"mlm": _mean(p_mlm + c_mlm), "aux_mlm": _mean(p_aux + c_aux),
                 "contrastive": contrastive_loss(gather_rows(p_rep), gather_rows(c_rep), self.temperature)}
 
 
@@ -203,8 +219,14 @@ class CotMaeLoss(PretrainingLoss):
 
     def terms(self, context_batch, passage_batch):
         masked, labels = self.mask(passage_batch, self.mask_rate, "passage")
-        last = self.run_encoder(passage_batch, masked).last_hidden_state
-        return {"mlm": _mean([self.mlm_sum(last, labels)]), "context_mlm": self.context_loss(last[:, 0], context_batch)}
+        mlm, cls, rows = [], [], []
+        for piece_rows, piece in self.masked_pieces(passage_batch, masked, labels):
+            last = self.run_encoder(piece, piece["input_ids"]).last_hidden_state
+            mlm.append(self.mlm_sum(last, piece["labels"]))
+            cls.append(last[:, 0])
+            rows.append(piece_rows)
+        # The context is a short query: the decoder reads it whole.
+        return {"mlm": _mean(mlm), "context_mlm": self.context_loss(in_batch_order(cls, rows), context_batch)}
 
 
 #: The pre-training objectives by the name a config gives them.

@@ -27,7 +27,7 @@ from storage import Artifact
 from tasks.compute.device import resolve_device
 from tasks.engine import Stage, StageParams
 from tasks.stage_refs import parse_init_from
-from tasks.training.arguments import TrainerArgs
+from tasks.training.arguments import LENGTH_PIECES_HELP, LengthPieces, TrainerArgs, rows_per_piece
 
 logger = logging.getLogger("passage_forge")
 
@@ -101,9 +101,10 @@ class PretrainRun(TrainerArgs):
 class PretrainConfig(PretrainRun):
     """A `pretrain:` entry of the config: the run and where it computes."""
     device: str = Field("auto", description="'auto' picks CUDA when present")
+    length_pieces: LengthPieces = Field("auto", description=LENGTH_PIECES_HELP)
 
     def run(self) -> PretrainRun:
-        return PretrainRun(**self.model_dump(exclude={"device"}))
+        return PretrainRun(**self.model_dump(exclude={"device", "length_pieces"}))
 
 
 def check_pretrain_config(cfg) -> None:
@@ -142,9 +143,10 @@ def check_pooling(system: str, pooling: str, run: PretrainRun) -> None:
 
 
 class PretrainParams(StageParams):
-    RUNTIME = frozenset({"device"})
+    RUNTIME = frozenset({"device", "length_pieces"})   # where and how fast it computes, not what
     pretrain: PretrainRun
     device: str
+    length_pieces: LengthPieces = "auto"
 
 
 def save_base_checkpoint(model, folder: Path) -> Path:
@@ -184,7 +186,9 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
     logger.info("pretrain %s: %s (%s objective) on %d passages, %.2f contexts each, batch %d", c.name, c.form,
                 c.objective, len(examples), contexts, c.batch_size)
     train_dir = training_dir(out, work)
-    result = train_bi_encoder(model, loss, examples, c, train_dir, progress=False, device=resolve_device(params.device))
+    device = resolve_device(params.device)
+    rows = rows_per_piece(params.length_pieces, device)
+    result = train_bi_encoder(model, loss, examples, c, train_dir, progress=False, device=device, rows_per_piece=rows)
     save_base_checkpoint(model, out / "model")
     keep_record(train_dir, out)
     history = result["history"]
@@ -193,7 +197,7 @@ def build_pretrain(params: PretrainParams, inputs: dict[str, Artifact], out: Pat
                       "final_loss": history[-1]["loss"] if history else None,
                       "final_terms": {k: float(v) for k, v in loss.last_terms.items()},
                       "mask_rate": c.mask_rate, "middle_layer": getattr(loss, "middle_layer", None),
-                      "mlm_head": "checkpoint" if head_from_checkpoint else "fresh",
+                      "mlm_head": "checkpoint" if head_from_checkpoint else "fresh", "rows_per_piece": rows,
                       **training_times(result), "passages_per_second": result.get("pairs_per_second"),
                       "resumed_from": result.get("resumed_from")}}
 
@@ -202,7 +206,8 @@ def stages(cfg, earlier: list[Stage]) -> list[Stage]:
     out = []
     for run in cfg.pretrain:
         contexts = ("synthetic_queries",) if run.form in QUERY_FORMS else ()
-        params = PretrainParams(pretrain=run.run().resolved_for(run.device), device=run.device)
+        params = PretrainParams(pretrain=run.run().resolved_for(run.device), device=run.device,
+                                length_pieces=run.length_pieces)
         out.append(Stage(f"pretrain:{run.name}", ARTIFACT, "1", ("chunk", *contexts), params, build_pretrain,
                          variant={"pretrain": run.name}, resumable=True))
     return out
