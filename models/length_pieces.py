@@ -12,11 +12,13 @@ batches are cut: trimming columns on the left would move the positions of a left
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
+logger = logging.getLogger("passage_forge")
 Pieces = list[tuple[torch.Tensor, int]]   # (the batch rows of a piece, its longest row's length)
 
 
@@ -78,6 +80,9 @@ def encoding_in_pieces(module: nn.Module, rows_per_piece: int | None):
     a loss holds its model, and xMoCo's its slow copy too (the pre-training objectives read their
     model's setting, models/pretraining/losses.py)."""
     models = [m for m in module.modules() if hasattr(m, "rows_per_piece")]
+    if rows_per_piece and not models:   # a loss that keeps its model elsewhere: it trains, only slower
+        logger.warning("%s holds no model that encodes in pieces: its batches are encoded whole",
+                       type(module).__name__)
     before = [m.rows_per_piece for m in models]
     for model in models:
         model.rows_per_piece = rows_per_piece

@@ -94,6 +94,15 @@ def test_the_setting_reaches_every_encoder_a_loss_holds(checkpoint):
     assert [m.rows_per_piece for m in encoders] == [None, None]
 
 
+def test_a_module_without_a_model_that_encodes_in_pieces_is_said_to_read_whole_batches(caplog):
+    with caplog.at_level("WARNING", logger="passage_forge"):
+        with encoding_in_pieces(torch.nn.Linear(2, 2), None):
+            pass
+        assert not caplog.records, "whole batches asked for: nothing to say"
+        with encoding_in_pieces(torch.nn.Linear(2, 2), 8):
+            pass
+    assert "Linear holds no model that encodes in pieces" in caplog.text
+
 def test_the_trainer_encodes_in_pieces_only_while_it_trains(checkpoint, tmp_path):
     examples = [TrainExample(qid=f"q{i}", query=" ".join(TEXTS[i % 7].split()[:3]), positive=("title", TEXTS[i % 7]),
                              positive_id=f"p{i}", negatives=[("title", TEXTS[(i + 3) % 7])]) for i in range(7)]
