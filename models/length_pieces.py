@@ -6,7 +6,8 @@ MiniLM tokens, so much of a step's passage tokens are padding (benchmarks/length
 them). The encoder reads each row
 alone (attention is masked within a row; pooling reads the row's own tokens), so encoding the rows
 in pieces of similar length, each padded to its own longest, gives the same vectors with less
-padding (equal to float rounding), and the loss still sees the whole batch. Only right-padded
+padding (equal to float rounding; in training, dropout draws its masks per piece), and the loss
+still sees the whole batch. Only right-padded
 batches are cut: trimming columns on the left would move the positions of a left-padded row.
 """
 from __future__ import annotations
