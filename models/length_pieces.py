@@ -3,12 +3,11 @@
 A training step must encode its passages together (they are one another's in-batch negatives), so
 the collator pads them to the batch's longest; title plus 100 words runs from about 120 to 200
 MiniLM tokens, so much of a step's passage tokens are padding (benchmarks/length_pieces.py counts
-them). The encoder reads each row
-alone (attention is masked within a row; pooling reads the row's own tokens), so encoding the rows
-in pieces of similar length, each padded to its own longest, gives the same vectors with less
-padding (equal to float rounding; in training, dropout draws its masks per piece), and the loss
-still sees the whole batch. Only right-padded
-batches are cut: trimming columns on the left would move the positions of a left-padded row.
+them). The encoder reads each row alone (attention is masked within a row; pooling reads the row's
+own tokens), so encoding the rows in pieces of similar length, each padded to its own longest, gives
+the same vectors with less padding (equal to float rounding; in training, dropout draws its masks
+per piece), and the loss still sees the whole batch. Only right-padded batches are cut: trimming
+columns on the left would move the positions of a left-padded row.
 """
 from __future__ import annotations
 
