@@ -77,13 +77,16 @@ def test_tables_come_from_the_records_alone(tmp_path):
     paired bootstrap interval and the bars."""
     study = _study_folder(
         tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1},
-                   {"name": "c", "stage": "bm25_search", "priority": 2}],
+                   {"name": "c", "stage": "bm25_search", "priority": 2}, {"name": "d", "stage": "bm25_search", "priority": 2}],
         claims=[{"paper": "P1", "claim": "a beats b", "a": "a", "b": "b", "k": 1, "setting": "batch 16 (paper: 2,048)"},
-                {"paper": "P2", "claim": "a beats c", "a": "a", "b": "c", "k": 1}],
+                {"paper": "P2", "claim": "a beats c", "a": "a", "b": "c", "k": 1},
+                {"paper": "P3", "claim": "b beats a", "a": "b", "b": "a", "k": 1},
+                {"paper": "P4", "claim": "d beats a", "a": "d", "b": "a", "k": 1}],
         bars=[{"bar": "top-1 >= 60", "rows": ["a", "b"], "k": 1, "at_least": 60}])
     # a: 30 of 40 at rank 1; b: 10 of 40 at rank 1, 20 more at rank 5, the rest missed.
     _runs_record(study, "a", [1] * 30 + [3] * 10)
     _runs_record(study, "b", [1] * 10 + [5] * 20 + [None] * 10)
+    _runs_record(study, "d", [1] * 30 + [3] * 10)   # a's outcomes: every resample's difference is 0
     results = Results(study)
     assert results.score("a", 1) == 75.0 and results.score("b", 1) == 25.0 and results.score("b", 5) == 75.0
     r = compare(results, "a", "b", 1, samples=2000)
@@ -91,6 +94,8 @@ def test_tables_come_from_the_records_alone(tmp_path):
     text = study_tables(study, samples=2000)
     assert "| P1 | a beats b | top-1 75.0 vs 25.0 (a vs b) | [+" in text and "| yes | batch 16 (paper: 2,048) |" in text
     assert "| P2 | a beats c | not measured: c | - | - | - |" in text   # no setting given
+    assert "| P3 | b beats a | top-1 25.0 vs 75.0 (b vs a) | [-" in text and "| no: B is better |" in text
+    assert "| P4 | d beats a | top-1 75.0 vs 75.0 (d vs a) | [+0.0, +0.0] | not reproduced (the interval holds 0) |" in text
     assert "| top-1 >= 60 | a: top-1 75.0 (best of 2 of 2 rows measured) | met |" in text
     assert "| a | 40 | 75.0 | 100.0 | 100.0 | 100.0 | - | AMD EPYC (family 25 model 1), 2 threads; commit cccccccccc |" in text
     assert study_tables(study, samples=2000) == text   # the same records give the same tables

@@ -99,7 +99,7 @@ def claim_cells(results: Results, claim: Claim, samples: int) -> str:
 
 
 def _reproduced(verdict: str) -> str:
-    return {"yes": "yes", "no, B is": "no: B is better", "not shown": "not reproduced (interval spans 0)"}[verdict]
+    return {"yes": "yes", "no, B is": "no: B is better", "not shown": "not reproduced (the interval holds 0)"}[verdict]
 
 
 def _classifier_line(claim: Claim, record: dict | None) -> str:
