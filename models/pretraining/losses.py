@@ -118,7 +118,8 @@ class PretrainingLoss(EmbeddingLoss, TrainerCallback):
         inputs, the masked ids and the MLM labels of its rows, cut to its longest row; one piece
         (rows None) unless the model encodes in pieces."""
         inputs = {k: v for k, v in batch.items() if k in _ENCODER_INPUTS and v is not None}
-        return batch_pieces({**inputs, "input_ids": masked, "labels": labels}, getattr(self.model, "rows_per_piece", None))
+        rows_per_piece = getattr(self.model, "rows_per_piece", None)
+        return batch_pieces({**inputs, "input_ids": masked, "labels": labels}, rows_per_piece)
 
     def run_encoder(self, batch: Mapping[str, Any], input_ids: torch.Tensor, hidden_states: bool = False):
         inputs = {k: v for k, v in batch.items() if k in _ENCODER_INPUTS and v is not None}
