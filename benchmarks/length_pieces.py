@@ -225,8 +225,12 @@ def step_lines(seconds: dict[str, list[float]], losses: dict[str, list[float]], 
                 f"{k} " + ", ".join(f"{x:.4f}" for x in v) for k, v in losses.items())]
 
 
-def publish(args, lines: list[str], result: dict) -> dict:
-    """Prints the report, writes it (and its JSON) to --out when given, returns the result."""
+def publish(args, lines: list[str], hw: str, bf16: bool, seconds: dict, speedup: dict, **fields) -> dict:
+    """Prints the report, writes it (and its JSON) to --out when given, returns the result: what
+    every length-pieces script measures (the arguments, device, precision, seconds per repeat, the
+    speed-ups over whole batches), then the script's own `fields`."""
+    result = {"args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
+              "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()}, **fields}
     report = "\n".join(lines)
     print(report)
     if args.out:
@@ -342,11 +346,9 @@ def main(argv=None) -> dict:
         "",
         *step_lines(seconds, losses, spr),
     ]
-    return publish(args, lines, {
-        "args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
-        "seconds_per_step": {k: s.values for k, s in per_step.items()},
-        "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()},
-        "padding": padding, "max_abs_diff": max_abs_diff, "losses": losses})
+    return publish(args, lines, hw, bf16, seconds, speedup,
+                   seconds_per_step={k: s.values for k, s in per_step.items()},
+                   padding=padding, max_abs_diff=max_abs_diff, losses=losses)
 
 
 if __name__ == "__main__":

@@ -122,9 +122,7 @@ def main(argv=None) -> dict:
         "",
         *step_lines(seconds, losses, spr),
     ]
-    return publish(args, lines, {"args": vars(args), "device": hw, "bf16": bf16, "seconds": seconds,
-                                 "speedup_vs_whole": {k: vars(r) for k, r in speedup.items()}, "padding": padding,
-                                 "max_abs_diff": max_abs_diff, "losses": losses})
+    return publish(args, lines, hw, bf16, seconds, speedup, padding=padding, max_abs_diff=max_abs_diff, losses=losses)
 
 
 if __name__ == "__main__":
