@@ -121,9 +121,10 @@ class PretrainingLoss(EmbeddingLoss, TrainerCallback):
         rows_per_piece = getattr(self.model, "rows_per_piece", None)
         return batch_pieces({**inputs, "input_ids": masked, "labels": labels}, rows_per_piece)
 
-    def run_encoder(self, batch: Mapping[str, Any], input_ids: torch.Tensor, hidden_states: bool = False):
-        inputs = {k: v for k, v in batch.items() if k in _ENCODER_INPUTS and v is not None}
-        return self.encoder(input_ids=input_ids, output_hidden_states=hidden_states, **inputs)
+    def run_encoder(self, piece: Mapping[str, torch.Tensor], hidden_states: bool = False):
+        """The encoder over one piece of `masked_pieces` (its masked ids and inputs; not its labels)."""
+        inputs = {k: v for k, v in piece.items() if k != "labels"}
+        return self.encoder(output_hidden_states=hidden_states, **inputs)
 
     def mlm_sum(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
         return masked_lm_sum(self.mlm_head, hidden, labels, self.encoder.get_input_embeddings().weight)
@@ -170,7 +171,7 @@ class CoCondenserLoss(PretrainingLoss):
         masked, labels = self.mask(batch, self.mask_rate, stream)
         reps, rows, mlm, aux = [], [], [], []
         for piece_rows, piece in self.masked_pieces(batch, masked, labels):
-            states = self.run_encoder(piece, piece["input_ids"], hidden_states=True).hidden_states
+            states = self.run_encoder(piece, hidden_states=True).hidden_states
             last, middle = states[-1], states[self.middle_layer]
             head_out = self.head(torch.cat([last[:, :1], middle[:, 1:]], dim=1), piece["attention_mask"])
             reps.append(pool(last, piece["attention_mask"], self.pooling))
@@ -222,7 +223,7 @@ class CotMaeLoss(PretrainingLoss):
         masked, labels = self.mask(passage_batch, self.mask_rate, "passage")
         mlm, cls, rows = [], [], []
         for piece_rows, piece in self.masked_pieces(passage_batch, masked, labels):
-            last = self.run_encoder(piece, piece["input_ids"]).last_hidden_state
+            last = self.run_encoder(piece).last_hidden_state
             mlm.append(self.mlm_sum(last, piece["labels"]))
             cls.append(last[:, 0])
             rows.append(piece_rows)
