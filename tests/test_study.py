@@ -364,6 +364,18 @@ def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_fac
     assert any("bm25: priced 6.0 h, 1 min left: passed over" in line for line in said)
 
 
+def test_the_hours_left_count_a_step_two_rows_share_once(repo, tmp_path_factory):
+    """The two rows build the same six artifacts: each is priced at six hours, the study at six."""
+    from flows.study.status import status_text, study_status
+
+    _, study = repo
+    _every_bm25_step_took_an_hour(study)
+    root = tmp_path_factory.mktemp("root")
+    statuses = study_status(study, root, read_records(study.folder), ZEN3)
+    assert [s.left_text() for s in statuses] == ["6.0 h", "6.0 h"]
+    assert "left here: 6.0 h of priced work" in status_text(study, root, statuses, ZEN3)
+
+
 def test_rows_passed_over_are_advanced_in_order_once_nothing_fits(repo, tmp_path_factory, monkeypatch):
     from flows.study import runner
 

@@ -23,6 +23,7 @@ class StepPrice:
     step: str
     seconds: float | None      # None: nobody has measured it or a twin
     basis: str                 # "this CPU", "scaled from CPU KEY", "as STEP", "unknown"
+    work: str | None = None    # the artifact and version it builds: rows that share it build it once
 
 
 Measured = dict[tuple[Optional[str], str], list[tuple[dict, dict]]]

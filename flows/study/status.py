@@ -4,7 +4,7 @@ holding checkpoints or shards), or not started; and what is left of it priced on
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -110,7 +110,8 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
         elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
             in_flight[name] = progress(work)
     measured, priced_on = measured_steps(records, plans.passages_of_record), with_best_probe(machine, records)
-    left = [remaining(price_step(name, measured, priced_on, passages_of(plan)), in_flight.get(name))
+    left = [remaining(replace(price_step(name, measured, priced_on, passages_of(plan)),
+                              work=f"{plan[name].artifact}@{plan.planned_version(name)}"), in_flight.get(name))
             for name in steps if name not in built]
     if len(built) == len(steps):
         note = not_recorded_note(store.root, row)
@@ -142,7 +143,9 @@ def study_status(study: Study, root: Path, records: dict[str, dict], machine: di
 def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: dict) -> str:
     measured = sum(s.state == MEASURED for s in statuses)
     open_rows = [s for s in statuses if s.state != MEASURED]
-    known = sum(p.seconds for s in open_rows for p in s.left if p.seconds is not None)
+    # a step several rows need (the generation, a shared pre-training) is built once: counted once
+    known = sum({p.work or (s.row.name, p.step): p.seconds
+                 for s in open_rows for p in s.left if p.seconds is not None}.values())
     unknown = sum(s.seconds_left is None for s in open_rows)
     probe = f"fp32 probe {machine['sgemm_gflops']} GFLOP/s"
     if machine.get("sgemm_gflops_now"):
@@ -150,7 +153,7 @@ def status_text(study: Study, root: Path, statuses: list[RowStatus], machine: di
     width = max([34, *(len(s.row.name) for s in statuses)])   # the columns line up whatever the names
     lines = [f"study {study.name}: {measured} of {len(statuses)} rows measured; root {root}",
              f"this machine: {machine['key']}, {machine['threads']} threads, {probe}",
-             f"left here: {format_duration(known)} of priced work" + (f"; {unknown} rows have unpriced steps" if unknown else ""),
+             f"left here: {format_duration(known)} of priced work (a shared step once)" + (f"; {unknown} rows have unpriced steps" if unknown else ""),
              "",
              f"{'p':>1}  {'row':{width}s} {'state':20s} {'left here':>10s}  detail"]
     for s in statuses:
