@@ -11,10 +11,10 @@ import pytest
 
 from storage import ArtifactStore
 from storage.shards import PLAN, plan_fingerprint, read_rows, shard_path
-from tasks.compute.encode import EncodeSettings
+from tasks.compute.encode import EncodeParams, EncodeSettings
 from tasks.compute.origin import Origin
 from tasks.config import ConfigError, load_config
-from tasks.dense.stages import EncodeParams, _renamed, build_encode
+from tasks.dense.stages import _renamed, build_encode
 from tasks.engine import NoParams, Stage, run_stage
 from tasks.runners import RunnerConfig, run_shards
 from models.threads import ENV as THREADS_ENV
@@ -334,7 +334,7 @@ def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harnes
 
     from storage.parquet import write_table
     from tasks.compute.embeddings import embeddings_table, vectors_from_table
-    from tasks.refresh.stages import VectorParams, build_vectors
+    from tasks.refresh.stages import build_vectors
 
     old = _passages(23)
     new = pa.concat_tables([old.filter(pa.compute.not_equal(old.column("pid"), "p5")), _passages(32).slice(30)])
@@ -352,7 +352,7 @@ def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harnes
             return run_stage(store, Stage(name, name, "1", (), NoParams(), build), {})
         inputs = {"previous": made("embeddings", embeddings_table(old.column("pid").to_pylist(), np.zeros((23, 32), np.float32))),
                   "previous_passages": made("passages_old", old), "passages": made("passages", new)}
-        params = VectorParams(system="tiny", origin=Origin(model=model), device="cpu", shard_size=1, runner=runner,
+        params = EncodeParams(system="tiny", origin=Origin(model=model), device="cpu", shard_size=1, runner=runner,
                               settings=EncodeSettings(batch_size=4, passage_max_len=32, query_max_len=16, dtype="float32",
                                                       bf16=False))
         stage = Stage("refresh:embeddings", "embeddings", "refresh-1", tuple(inputs), params, build_vectors, resumable=True)

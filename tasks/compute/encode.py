@@ -15,7 +15,8 @@ from models.encoder_runtimes import EncoderRuntime, resolve_encoder_runtime
 from tasks.compute.device import resolve_device
 from tasks.compute.origin import Origin
 from tasks.compute.bi_encoder import encode_side, for_inference
-from tasks.runners import RunnerConfig, run_shards, worker_cached
+from tasks.engine import StageParams
+from tasks.runners import LOCAL, RunnerConfig, run_shards, worker_cached
 
 logger = logging.getLogger("passage_forge")
 
@@ -81,6 +82,19 @@ class EncodeSettings(BaseModel):
         return encode_side(model, texts, side, batch_size=self.batch_size, passage_max_len=self.passage_max_len,
                            query_max_len=self.query_max_len, dtype=self.dtype,
                            bf16=self.bf16 and isinstance(model, torch.nn.Module), device=device, **kw)
+
+
+class EncodeParams(StageParams):
+    """A stage that encodes passages with a system's encoder: the dense family's encode and the
+    corpus refresh's re-encode hash the same fields, so one change of how vectors are computed
+    moves both."""
+    RUNTIME = frozenset({"device", "shard_size", "origin.init_path", "runner"})
+    system: str
+    origin: Origin
+    settings: EncodeSettings
+    device: str
+    shard_size: int
+    runner: RunnerConfig = LOCAL
 
 
 def _log(message: str) -> None:

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from storage import Artifact
 from storage.parquet import write_table
 from tasks.compute.device import resolve_device
-from tasks.compute.encode import EncodeSettings, encode_in_shards
+from tasks.compute.encode import EncodeParams, EncodeSettings, encode_in_shards
 from tasks.compute.origin import Origin, origin_of
 from tasks.compute.search import QUERY_VECTORS, search_texts
 from tasks.engine import Stage, StageParams
-from tasks.runners import LOCAL, RunnerConfig, runner_stats
+from tasks.runners import runner_stats
 
 logger = logging.getLogger("passage_forge")
 
@@ -47,16 +47,6 @@ class FaissConfig(_Strict):
 
 
 # ---------------------------------------------------------------- encode, index, search
-class EncodeParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size", "origin.init_path", "runner"})
-    system: str
-    origin: Origin
-    settings: EncodeSettings
-    device: str
-    shard_size: int
-    runner: RunnerConfig = LOCAL
-
-
 class IndexParams(StageParams):
     kind: str
     hnsw_m: int

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from storage import Artifact, ArtifactStore
 from storage.parquet import ParquetTableWriter, write_table
 from tasks import schemas
-from tasks.compute.encode import EncodeConfig, EncodeSettings, encode_in_shards
+from tasks.compute.encode import EncodeConfig, EncodeParams, EncodeSettings, encode_in_shards
 from tasks.compute.origin import Origin
 from tasks.engine import NoParams, Plan, Stage, StageParams, run_stage
 from tasks.errors import InputError
@@ -36,7 +36,7 @@ from tasks.refresh.diff import diff_documents, diff_passages, rows_with
 from tasks.refresh.faiss_update import IDS_TABLE
 from tasks.refresh.locate import LocatedDump, locate_dump
 from tasks.refresh.state import REFRESH_STAGE, DenseIndex, RefreshChain, corpus_of, passages_of, promoted_index
-from tasks.runners import LOCAL, RunnerConfig, runner_stats
+from tasks.runners import runner_stats
 
 logger = logging.getLogger("passage_forge")
 CODE_VERSION = "refresh-1"
@@ -60,16 +60,6 @@ class PassagesParams(StageParams):
 
 class BM25Params(StageParams):
     pass
-
-
-class VectorParams(StageParams):
-    RUNTIME = frozenset({"device", "shard_size", "origin.init_path", "runner"})
-    system: str
-    origin: Origin
-    settings: EncodeSettings
-    device: str
-    shard_size: int
-    runner: RunnerConfig = LOCAL
 
 
 class ReportParams(StageParams):
@@ -141,7 +131,7 @@ def build_bm25(params: BM25Params, inputs: dict[str, Artifact], out: Path) -> di
     return {"stats": {**stats, "passages": diff.counts()}}
 
 
-def build_vectors(params: VectorParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
+def build_vectors(params: EncodeParams, inputs: dict[str, Artifact], out: Path, work: Path) -> dict:
     """The promoted encoder's vectors for the refreshed passages: the new and changed ones encoded
     like the encode stage does (resumable shards, on the configured runner), the rest carried over."""
     import pyarrow.parquet as pq
@@ -338,7 +328,7 @@ def _refresh_dense(cfg, store: ArtifactStore, dense: DenseIndex, passages: Artif
     variant = {"system": dense.system}
     embeddings = run(Stage("refresh:embeddings", "embeddings", CODE_VERSION,
                            ("previous", "previous_passages", "passages", origin.model_input),
-                           VectorParams(system=dense.system, origin=origin, settings=settings, device=encode.device,
+                           EncodeParams(system=dense.system, origin=origin, settings=settings, device=encode.device,
                                         shard_size=encode.shard_size, runner=cfg.runner), build_vectors, variant=variant,
                            resumable=True),
                      {"previous": dense.embeddings, "previous_passages": made_from, "passages": passages,
