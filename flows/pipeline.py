@@ -36,6 +36,13 @@ def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = N
             logger.info("%s: %s %s (built; its inputs are not in this root)", declared.name, declared.artifact,
                         done[declared.name].version)
             continue
+        built = store.get(declared.artifact, plan.planned_version(declared.name))
+        if built is not None and plan.missing_pins(store, declared.name):
+            # imported (the study's shared inputs): the generator another run fine-tuned is not needed
+            done[declared.name] = built
+            logger.info("%s: %s %s (built; the other run's artifact it read is not in this root)", declared.name,
+                        declared.artifact, built.version)
+            continue
         inputs = {dep: done[dep] for dep in declared.inputs}
         inputs.update(plan.pinned_inputs(store, declared.name))
         done[declared.name] = stage_task(declared, config.name)(store, inputs)

@@ -45,10 +45,11 @@ def planned_stages(plan: Plan, root: Path) -> list[PlannedStage]:
     out = []
     for stage in plan:
         version = plan.planned_version(stage.name)
-        missing = tuple(f"{pin.artifact}:{pin.version}" for pin in stage.pinned.values()
-                        if not present(pin.artifact, pin.version))
-        out.append(PlannedStage(stage.name, stage.artifact, version,
-                                BUILT if present(stage.artifact, version) else NOT_BUILT, missing))
+        built = present(stage.artifact, version)
+        # a built stage is read, not rerun: the other run's artifact it read is not needed again
+        missing = () if built else tuple(f"{pin.artifact}:{pin.version}" for pin in stage.pinned.values()
+                                         if not present(pin.artifact, pin.version))
+        out.append(PlannedStage(stage.name, stage.artifact, version, BUILT if built else NOT_BUILT, missing))
     return out
 
 

@@ -4,6 +4,7 @@ one package under tasks/ plus its import and its place in `FAMILIES` here (docs/
 lists the other files it touches)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.bm25 import stages as bm25
@@ -38,32 +39,61 @@ def plan_for(cfg: PipelineConfig) -> Plan:
     return Plan(declared, ALIASES)
 
 
+@dataclass(frozen=True)
+class ConfigReference:
+    """An artifact a config reads from another config's run (`other.yaml:STAGE`, resolved): the
+    stage of that config which builds it, and the version that config's plan gives it."""
+    written: str       # as the config writes it: "squad-open.yaml:qgen_model"
+    config: Path       # the other config's file
+    stage: str
+    artifact: str
+    version: str
+
+
+def config_references(cfg: PipelineConfig) -> list[ConfigReference]:
+    """Every `other.yaml:...` reference of `cfg`, resolved (its run stops at a stage that reads one
+    the artifact root lacks: the study builds those first)."""
+    return [reference for _, reference in _references(cfg, ())]
+
+
+def _references(cfg: PipelineConfig, seen: tuple[Path, ...]) -> list[tuple[str | int, ConfigReference]]:
+    """`cfg`'s `other.yaml:...` references, each with where it is written: a dense system's
+    `init_from` (the system's index), "qgen" (`qgen.generator`) or "cross_encoder" (its `model`)."""
+    out = []
+    for index, system in enumerate(cfg.dense.systems if cfg.dense is not None else []):
+        init = parse_init_from(system.init_from)
+        if init is not None and init.kind == "config":
+            out.append((index, _planned_elsewhere(cfg, system.init_from, init.file, f"train:{init.target}", seen,
+                                                  f"has no trained system {init.target!r}")))
+    models = (("qgen", cfg.qgen.generator if cfg.qgen is not None else None, "qgen_model",
+               "fine-tunes no generator (qgen:)"),
+              ("cross_encoder", cfg.cross_encoder.model if cfg.cross_encoder is not None else None, "cross_encoder",
+               "trains no cross_encoder"))
+    for where, written, wanted, missing in models:
+        if written and is_config_reference(written):
+            file, stage = split_config_reference(written)
+            _expect_stage(written, stage, wanted)
+            out.append((where, _planned_elsewhere(cfg, written, file, stage, seen, missing)))
+    return out
+
+
 def _resolve_config_references(cfg: PipelineConfig, seen: tuple[Path, ...] = ()) -> PipelineConfig:
     """Every `other.yaml:...` reference -> `ARTIFACT:VERSION`, the version that config's plan gives
     the stage (planned, not built: run that config first): a dense system's `init_from:
     other.yaml:NAME` (its train:NAME), `qgen.generator: other.yaml:qgen_model` and
     `cross_encoder.model: other.yaml:cross_encoder`."""
-    updates = {}
-    inits = [parse_init_from(s.init_from) for s in cfg.dense.systems] if cfg.dense is not None else []
-    if any(init is not None and init.kind == "config" for init in inits):
-        systems = []
-        for system, init in zip(cfg.dense.systems, inits):
-            if init is not None and init.kind == "config":
-                version = _planned_elsewhere(cfg, system.init_from, init.file, f"train:{init.target}", seen,
-                                             f"has no trained system {init.target!r}")
-                system = system.model_copy(update={"init_from": f"dense_model:{version}"})
-            systems.append(system)
+    updates, systems = {}, list(cfg.dense.systems) if cfg.dense is not None else []
+    references = _references(cfg, seen)
+    for where, reference in references:
+        pinned = f"{reference.artifact}:{reference.version}"
+        if where == "qgen":
+            updates["qgen"] = cfg.qgen.model_copy(update={"generator": pinned})
+        elif where == "cross_encoder":
+            updates["cross_encoder"] = cfg.cross_encoder.model_copy(update={"model": pinned})
+        else:
+            systems[where] = systems[where].model_copy(update={"init_from": pinned})
+    if any(isinstance(where, int) for where, _ in references):
         updates["dense"] = cfg.dense.model_copy(update={"systems": systems})
-    if cfg.qgen is not None and is_config_reference(cfg.qgen.generator):
-        file, stage = split_config_reference(cfg.qgen.generator)
-        _expect_stage(cfg.qgen.generator, stage, "qgen_model")
-        version = _planned_elsewhere(cfg, cfg.qgen.generator, file, stage, seen, "fine-tunes no generator (qgen:)")
-        updates["qgen"] = cfg.qgen.model_copy(update={"generator": f"qgen_model:{version}"})
-    if cfg.cross_encoder is not None and cfg.cross_encoder.model and is_config_reference(cfg.cross_encoder.model):
-        file, stage = split_config_reference(cfg.cross_encoder.model)
-        _expect_stage(cfg.cross_encoder.model, stage, "cross_encoder")
-        version = _planned_elsewhere(cfg, cfg.cross_encoder.model, file, stage, seen, "trains no cross_encoder")
-        updates["cross_encoder"] = cfg.cross_encoder.model_copy(update={"model": f"cross_encoder:{version}"})
     if not updates:
         return cfg
     resolved = cfg.model_copy(update=updates)
@@ -77,8 +107,8 @@ def _expect_stage(reference: str, stage: str, wanted: str) -> None:
 
 
 def _planned_elsewhere(cfg: PipelineConfig, reference: str, file: str, stage: str, seen: tuple[Path, ...],
-                       missing: str) -> str:
-    """The planned version of `stage` in the config `file` (beside cfg, or beside a config it extends)."""
+                       missing: str) -> ConfigReference:
+    """`stage` of the config `file` (beside cfg, or beside a config it extends), planned."""
     path = cfg.referenced_config(file)
     if path in seen:
         raise PlanError(f"{reference!r}: configs refer to each other in a cycle")
@@ -86,4 +116,4 @@ def _planned_elsewhere(cfg: PipelineConfig, reference: str, file: str, stage: st
     plan = plan_for(other)
     if stage not in plan:
         raise PlanError(f"{reference!r}: {path} {missing}")
-    return plan.planned_version(stage)
+    return ConfigReference(reference, path, stage, plan[stage].artifact, plan.planned_version(stage))

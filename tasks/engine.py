@@ -178,6 +178,10 @@ class Plan:
             self._planned[name] = version_for(stage.artifact, stage.code_version, stage.params.hashed(), upstream)
         return self._planned[name]
 
+    def missing_pins(self, store: ArtifactStore, name: str) -> list[Pinned]:
+        """The inputs of `name` pinned to another run's artifacts that `store` lacks."""
+        return [pin for pin in self.stages[name].pinned.values() if store.get(pin.artifact, pin.version) is None]
+
     def pinned_inputs(self, store: ArtifactStore, name: str) -> dict[str, Artifact]:
         out = {}
         for key, pin in self.stages[name].pinned.items():

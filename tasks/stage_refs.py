@@ -20,9 +20,10 @@ def is_config_reference(value: str) -> bool:
 
 
 def split_config_reference(value: str) -> tuple[str, str]:
-    """`other.yaml:STAGE` -> ('other.yaml', 'STAGE')."""
-    file, _, stage = value.rpartition(":")
-    return file, stage
+    """`other.yaml:STAGE` -> ('other.yaml', 'STAGE'); a stage's name may hold a colon
+    (`other.yaml:pairs:silver`)."""
+    end = min(value.index(suffix) + len(suffix) - 1 for suffix in CONFIG_SUFFIXES if suffix in value)
+    return value[:end], value[end + 1:]
 
 
 def pinned_version(value: str, artifact: str) -> Optional[str]:

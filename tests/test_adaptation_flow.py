@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from flows.pipeline import pipeline
-from flows.registry import plan_for
+from flows.registry import config_references, plan_for
 from storage import ArtifactStore
 from tasks.config import PROJECT_ROOT, load_config
 
@@ -98,6 +98,9 @@ def test_the_generator_and_teacher_of_another_run_are_pinned_by_version(adapted)
     assert "qgen_model" not in plan.stages  # nothing fine-tunes here: the source's generator writes
     assert generate.pinned["generator"].version == built["qgen_model"]
     assert generate.params.generator == f"qgen_model:{built['qgen_model']}"
+    references = {r.stage: r for r in config_references(load_config(target))}   # what a study builds first
+    assert {(r.config.name, r.artifact, r.version) for r in references.values()} == {
+        ("source.yaml", "qgen_model", built["qgen_model"]), ("source.yaml", "cross_encoder", built["cross_encoder"])}
     teacher = store.get("cross_encoder", versions["cross_encoder"]).manifest["stats"]
     assert teacher["imported_from"] == f"cross_encoder:{built['cross_encoder']}"
     assert teacher["trained_by_source"]["training_pairs"] > 0
@@ -178,3 +181,19 @@ def test_the_teacher_can_fine_tune_on_the_generated_queries(adapted, tmp_path):
     assert set(stats["sources"]) == {"gold", "bm25"} and stats["steps"] == 2
     assert stats["training_pairs"] + stats["dev_pairs"] <= 40 * 3  # 40 queries: a positive and up to 2 negatives each
     assert tuned["cross_encoder"] != versions["cross_encoder"]
+
+
+def test_a_root_that_imported_the_generated_queries_runs_without_the_source_generator(adapted, tmp_path):
+    """A study machine imports the generated queries another one exported: the target config's
+    run reads them, although the generator they came from (the source run's) is not in its root."""
+    from storage.transfer import export_artifact, import_artifact
+
+    store, built, versions, _, target = adapted
+    description = export_artifact(store, store.get("synthetic_queries", versions["synthetic_queries"]), tmp_path)
+    fresh = ArtifactStore(tmp_path / "fresh")
+    import_artifact(fresh, description)
+    # BM25 negatives: the queries' own inputs (the BM25 index among them) are built here too
+    again = pipeline(config=load_config(target), root=str(fresh.root), upto="negatives:bm25")
+    assert again["synthetic_queries"] == versions["synthetic_queries"] and "bm25_index" in again
+    assert again["negatives:bm25"] == versions["negatives:bm25"]
+    assert fresh.get("qgen_model", built["qgen_model"]) is None

@@ -94,6 +94,12 @@ def test_inputs_pinned_to_another_runs_artifact_are_drawn_and_noted_when_missing
     assert 'p1_0 -> s1 [style=dashed];' in dot(plan)
     missing = planned_stages(plan, tmp_path)
     assert missing[1].missing_pins == ("dense_model:abc",) and missing[0].missing_pins == ()
+    # built (imported, say) without the other run's artifact: it is read, so nothing is missing
+    from storage import Artifact
+
+    run_stage(ArtifactStore(tmp_path), plan.stages["train:c"], {"init": Artifact("dense_model", "abc", tmp_path)})
+    built = planned_stages(plan, tmp_path)
+    assert built[2].state == BUILT and built[2].missing_pins == () and built[1].missing_pins == ("dense_model:abc",)
 
 
 def test_the_reduced_dag_leaves_out_only_the_edges_a_longer_path_implies(shared_data, tmp_path, capsys):

@@ -208,17 +208,13 @@ def _run_smoke(config: Path, root: Path) -> dict[str, str]:
     """The config's smoke run into `root`, after the configs it refers to (init_from: X.yaml:NAME,
     qgen.generator: X.yaml:qgen_model, cross_encoder.model: X.yaml:cross_encoder)."""
     from flows.pipeline import pipeline
-    from tasks.stage_refs import is_config_reference, split_config_reference
+    from flows.registry import config_references
 
     config = config.resolve()
     if config not in _RUNS:
         cfg = load_config(config, smoke=True)
-        references = [s.init_from for s in (cfg.dense.systems if cfg.dense else []) if s.init_from]
-        references += [cfg.qgen.generator] if cfg.qgen else []
-        references += [cfg.cross_encoder.model] if cfg.cross_encoder and cfg.cross_encoder.model else []
-        for reference in references:
-            if is_config_reference(reference):
-                _run_smoke(cfg.referenced_config(split_config_reference(reference)[0]), root)
+        for reference in config_references(cfg):
+            _run_smoke(reference.config, root)
         started = time.perf_counter()
         _RUNS[config] = pipeline(config=cfg, root=str(root))
         SECONDS[config.stem] = time.perf_counter() - started

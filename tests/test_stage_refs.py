@@ -2,7 +2,7 @@
 `parse_init_from`, for the config's checks, the planner and the stages that load the encoder."""
 import pytest
 
-from tasks.stage_refs import InitFrom, parse_init_from
+from tasks.stage_refs import InitFrom, parse_init_from, split_config_reference
 
 
 @pytest.mark.parametrize("value, parsed", [
@@ -17,6 +17,11 @@ from tasks.stage_refs import InitFrom, parse_init_from
 ])
 def test_init_from_kinds(value, parsed):
     assert parse_init_from(value) == parsed
+
+
+def test_a_config_reference_splits_after_the_config_file():
+    assert split_config_reference("squad-open.yaml:qgen_model") == ("squad-open.yaml", "qgen_model")
+    assert split_config_reference("configs/a.yml:pairs:silver") == ("configs/a.yml", "pairs:silver")   # a step's colon
 
 
 def test_no_init_from_is_none():

@@ -60,6 +60,16 @@ def test_every_row_of_the_shipped_study_is_a_step_of_its_configs_plan(shared_dat
     for row in study.rows:
         plan = plans(row)
         assert plan.resolve_name(row.stage) in plan, row.name
+    for config, step in study.shared_steps():   # NFCorpus's generated queries too (CONFIG.yaml:STEP)
+        assert plans.of(config).resolve_name(step) in plans.of(config), (config, step)
+    assert (PROJECT_ROOT / "configs" / "nfcorpus-adapt-ablations.yaml", "pairs:silver") in study.shared_steps()
+
+
+def test_a_shared_step_is_the_default_configs_or_names_its_config(tmp_path):
+    study = _study_folder(tmp_path, [{"name": "bm25", "stage": "bm25_search", "priority": 1}],
+                          shared=["pairs:silver", "configs/nfcorpus-adapt.yaml:pairs:silver"])
+    assert study.shared_steps() == [(PROJECT_ROOT / "configs/tiny.yaml", "pairs:silver"),
+                                    (PROJECT_ROOT / "configs/nfcorpus-adapt.yaml", "pairs:silver")]
 
 
 def test_a_study_that_names_a_missing_row_or_a_row_twice_is_refused(tmp_path):
@@ -395,6 +405,42 @@ def test_rows_passed_over_are_advanced_in_order_once_nothing_fits(repo, tmp_path
     assert [line.split(":")[1].strip() for line in said if "passed over" in line] == ["bm25", "bm25-second"]
     assert len(runs) == 1 and runs[0][0].startswith("bm25_search") and runs[0][1] <= budget
     assert any(line.startswith("study: bm25: nothing else fits; advancing it") for line in said)
+
+
+def test_a_row_reading_another_configs_model_has_that_config_run_first(shared_data, tmp_path, monkeypatch):
+    """b.yaml's system starts from a.yaml's trained model, which the root lacks: the status counts
+    a.yaml's steps into the row and the runner builds them first; when they fail, the row is not run."""
+    from flows.study import runner
+    from flows.study.status import study_status
+
+    (tmp_path / "a.yaml").write_text(f"extends: {PROJECT_ROOT / 'configs' / 'squad-open.yaml'}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"extends: {PROJECT_ROOT / 'configs' / 'nfcorpus-dense.yaml'}\n"
+        "dense:\n  systems:\n    - name: transfer\n      init_from: a.yaml:minilm-dpr\n  hybrid: null\n")
+    study = _study_folder(tmp_path, [{"name": "transfer", "stage": "search:transfer", "priority": 1,
+                                      "config": str(tmp_path / "b.yaml")}])
+    root = tmp_path / "root"
+    status = study_status(study, root, {}, ZEN3)[0]
+    assert [(r.config.name, r.stage, r.artifact) for r in status.first] == [("a.yaml", "train:minilm-dpr", "dense_model")]
+    assert status.detail.endswith("; first a.yaml:minilm-dpr")
+    priced = {p.work for p in status.left}
+    assert len(priced) == len(status.left) and any(w.startswith("dense_model@") for w in priced)   # a.yaml's training
+    runs = []
+
+    def pipeline_exits(*codes):
+        def run(argv, log, timeout_s, threads):
+            runs.append((argv[argv.index("run") + 1], argv[argv.index("--upto") + 1]))
+            return codes[len(runs) - 1]
+        return run
+
+    monkeypatch.setattr(runner, "run_pipeline", pipeline_exits(1))
+    assert runner.run_study(study, root, 600, ZEN3, repo=None, say=lambda line: None) == []
+    assert runs == [(str(tmp_path / "a.yaml"), "train:minilm-dpr")]   # it failed: the row's own run would stop too
+    runs.clear()
+    monkeypatch.setattr(runner, "run_pipeline", pipeline_exits(0, 1))   # a.yaml's builds; the row's fails
+    runner.run_study(study, root, 600, ZEN3, repo=None, say=lambda line: None)
+    assert [config for config, _ in runs] == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")]
+    assert runs[1][1].startswith("search:transfer")
 
 
 def test_study_status_and_tables_from_the_command_line(repo, tmp_path):

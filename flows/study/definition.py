@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.config import PROJECT_ROOT
+from tasks.stage_refs import is_config_reference, split_config_reference
 
 STUDIES = PROJECT_ROOT / "studies"
 
@@ -65,14 +66,20 @@ class Study(BaseModel):
                                                           "rewritten and committed with every record")
     rows: list[Row] = Field(min_length=1)
     shared: list[str] = Field(default_factory=list, description=(
-        "steps of the default config whose artifacts are costly to make and small to keep: exported into shared/ "
-        "(checksummed) once built, and imported into the root before rows are built"))
+        "steps whose artifacts are costly to make and small to keep: exported into shared/ (checksummed) once "
+        "built, and imported into the root before rows are built; a step of the default config, or of another "
+        "as CONFIG.yaml:STEP (relative to the repository)"))
     claims: list[Claim] = Field(default_factory=list)
     bars: list[Bar] = Field(default_factory=list)
     folder: Path = Field(default=Path("."), exclude=True)
 
     def config_of(self, row: Row) -> Path:
         return PROJECT_ROOT / (row.config or self.default_config)
+
+    def shared_steps(self) -> list[tuple[Path, str]]:
+        """Each shared step as (its config's file, the step)."""
+        return [(PROJECT_ROOT / split_config_reference(entry)[0], split_config_reference(entry)[1])
+                if is_config_reference(entry) else (PROJECT_ROOT / self.default_config, entry) for entry in self.shared]
 
     @property
     def records_dir(self) -> Path:

@@ -4,11 +4,15 @@ times and the machine beside it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flows.study.definition import Row, Study
 from flows.study.records import NDCG_AT_10, OUTCOME_DIGITS, OUTCOME_SPLITS, RANK, write_questions
 from storage import ArtifactStore
 from tasks.engine import Plan, not_needed
+
+if TYPE_CHECKING:
+    from flows.registry import ConfigReference
 
 
 # What scoring a runs row reads beside its runs: the questions, the passages' text, the gold links.
@@ -30,11 +34,33 @@ def steps_run_here(plan: Plan, store: ArtifactStore | None, row: Row) -> list[st
     """The row's planned steps less those a run on `store` leaves out: the producers of an
     imported artifact (the generator whose queries came with the repository) are never built
     there. Without a store, every planned step."""
-    steps = planned_steps(plan, row)
+    return _less_left_out(plan, store, planned_steps(plan, row))
+
+
+def steps_to_build(plan: Plan, store: ArtifactStore | None, stage: str) -> list[str]:
+    """What `pforge run --upto STAGE` builds on `store` (every step it needs without a store),
+    in run order: another config's steps that make a model a row reads."""
+    needed = plan.needed_for(stage)
+    return _less_left_out(plan, store, [name for name in plan.names() if name in needed])
+
+
+def _less_left_out(plan: Plan, store: ArtifactStore | None, steps: list[str]) -> list[str]:
     if store is None:
         return steps
     left_out = not_needed(plan, store, steps)
     return [step for step in steps if step not in left_out]
+
+
+def references_needed(plan: Plan, references: list[ConfigReference], store: ArtifactStore | None,
+                      steps: list[str]) -> list[ConfigReference]:
+    """The artifacts of other configs' runs (`references`) that a step of `steps` still to build
+    reads and `store` lacks: its run would stop there, so they are built first."""
+    def lacks(artifact: str, version: str) -> bool:
+        return store is None or store.get(artifact, version) is None
+
+    pins = {(pin.artifact, pin.version) for name in steps if lacks(plan[name].artifact, plan.planned_version(name))
+            for pin in plan[name].pinned.values() if lacks(pin.artifact, pin.version)}
+    return [reference for reference in references if (reference.artifact, reference.version) in pins]
 
 
 def row_artifact(plan: Plan, store: ArtifactStore, row: Row):

@@ -5,7 +5,8 @@ into the repository and committed there at once (with the study's shared inputs,
 as a row has built them, recorded or not), so a machine that goes away loses only the row in
 flight. A row priced above what is left of the budget is passed over for a later, cheaper one, and
 advanced with what is left once no row fits; a row nobody has measured yet (priced "unknown") is
-run, and measures itself."""
+run, and measures itself. A row whose config reads a model of another config's run
+(`other.yaml:STAGE`) that the root lacks has that config run up to that stage first."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
@@ -25,6 +26,9 @@ from flows.study.status import (BUILT, MEASURED, Plans, RowStatus, log_dir, not_
 from storage.atomic import atomic_write_text
 from tasks.config import PROJECT_ROOT
 
+if TYPE_CHECKING:
+    from flows.registry import ConfigReference
+
 logger = logging.getLogger("passage_forge")
 STOP_GRACE_S = 120.0   # a stopped run writes its last checkpoint and stops its Prefect server
 ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (start-up would eat it)
@@ -33,6 +37,12 @@ ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (
 def pipeline_command(study: Study, row: Row, root: Path) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "--root", str(root), "run", str(study.config_of(row)),
             "--upto", ",".join(targets(row))]
+
+
+def reference_command(reference: ConfigReference, root: Path) -> list[str]:
+    """The run of another config that builds a model a row reads (`other.yaml:STAGE`)."""
+    return [sys.executable, "-m", "flows.cli", "--root", str(root), "run", str(reference.config),
+            "--upto", reference.stage]
 
 
 def run_pipeline(argv: list[str], log: Path, timeout_s: float, threads: int) -> int | None:
@@ -125,8 +135,9 @@ def export_shared(study: Study, plans: Plans, root: Path) -> list[Path]:
     """The shared steps built in the root and not exported yet, exported; returns the new files."""
     from storage.transfer import ARCHIVE_SUFFIX, DESCRIPTION_SUFFIX, export_artifact, export_name
 
-    plan, store, files = plans.default(), open_store(root), []
-    for step in study.shared:
+    store, files = open_store(root), []
+    for config, step in study.shared_steps():
+        plan = plans.of(config)
         stage = plan[plan.resolve_name(step)]
         version = plan.planned_version(stage.name)
         artifact = store.get(stage.artifact, version) if store is not None else None
@@ -166,8 +177,17 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         if status.state != BUILT:
             say(f"study: {row.name}: {status.state}, priced {status.left_text()} here; building "
                 f"({format_duration(left)} of budget left)")
-            rc = run_pipeline(pipeline_command(study, row, root), log_dir(root) / f"{file_safe(row.name)}.log",
-                              left, machine["threads"])
+            log = log_dir(root) / f"{file_safe(row.name)}.log"
+            rc = 0
+            for reference in status.first:   # another config's model the row reads, which its run would stop at
+                say(f"study: {row.name}: first {reference.written} ({reference.artifact} {reference.version})")
+                rc = run_pipeline(reference_command(reference, root), log, deadline - time.monotonic(),
+                                  machine["threads"])
+                if rc != 0:
+                    break
+            if rc == 0:
+                rc = run_pipeline(pipeline_command(study, row, root), log, deadline - time.monotonic(),
+                                  machine["threads"])
             if rc is None:
                 say(f"study: {row.name}: the budget ended mid-row; it resumes from the root next time")
                 keep_shared(study, plans, root, repo, say)

@@ -6,17 +6,20 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from flows.study.definition import Row, Study
 from flows.study.estimate import (StepPrice, format_duration, measured_steps, price_step, remaining, total_seconds,
                                   with_best_probe)
-from flows.study.measure import steps_run_here
+from flows.study.measure import references_needed, steps_run_here, steps_to_build
 from flows.study.records import file_safe
 from storage import ArtifactStore
 from storage.paths import work_dir
 from tasks.engine import Plan
 from tasks.training.checkpoints import TrainingProgress, training_progress
+
+if TYPE_CHECKING:
+    from flows.registry import ConfigReference
 
 MEASURED, RESUMABLE, BUILT, NOT_STARTED = "measured", "resumable", "built, not recorded", "not started"
 PASSAGES = "chunk"   # the step whose output is the corpus's passages
@@ -28,6 +31,8 @@ class RowStatus:
     state: str
     detail: str                    # the record's origin, or how far the local root is
     left: list[StepPrice]          # the steps still to build here, priced
+    # other configs' models the row reads and the root lacks (its run would stop there): built first
+    first: tuple[ConfigReference, ...] = ()
 
     @property
     def seconds_left(self) -> float | None:
@@ -47,17 +52,17 @@ class Plans:
     """One plan per config, made when first asked for (planning reads the configs' input files)."""
 
     def __init__(self, study: Study):
-        self.study, self._plans = study, {}
+        self.study, self._plans, self._references = study, {}, {}
 
     def __call__(self, row: Row) -> Plan:
-        return self._plan(self.study.config_of(row))
+        return self.of(self.study.config_of(row))
 
     def default(self) -> Plan:
         from tasks.config import PROJECT_ROOT
 
-        return self._plan(PROJECT_ROOT / self.study.default_config)
+        return self.of(PROJECT_ROOT / self.study.default_config)
 
-    def _plan(self, path: Path) -> Plan:
+    def of(self, path: Path) -> Plan:
         from flows.registry import plan_for
         from tasks.config import load_config
 
@@ -65,13 +70,23 @@ class Plans:
             self._plans[path] = plan_for(load_config(path))
         return self._plans[path]
 
+    def references(self, row: Row) -> list[ConfigReference]:
+        """The models the row's config reads from other configs' runs (`other.yaml:STAGE`)."""
+        from flows.registry import config_references
+        from tasks.config import load_config
+
+        path = self.study.config_of(row)
+        if path not in self._references:
+            self._references[path] = config_references(load_config(path))
+        return self._references[path]
+
     def passages_of_record(self, record: dict) -> str | None:
         """The passages a record's steps read: the `chunk` version it names, else its config's."""
         from tasks.config import PROJECT_ROOT
 
         named = (record.get("versions") or {}).get(PASSAGES)
         path = PROJECT_ROOT / (record.get("config") or self.study.default_config)
-        return named or (passages_of(self._plan(path)) if path.is_file() else None)
+        return named or (passages_of(self.of(path)) if path.is_file() else None)
 
 
 def passages_of(plan: Plan) -> str | None:
@@ -101,27 +116,36 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
         commit = (record.get("commit") or "?")[:10]
         return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}", [])
-    steps = steps_run_here(plan, store, row)
+    own = steps_run_here(plan, store, row)
+    first = tuple(references_needed(plan, plans.references(row), store, own))
+    # the row's own steps, then the other configs' steps that make a model it reads and the root
+    # lacks; by the work they do (artifact and version): a step two plans share is one
+    steps: dict[str, tuple[Plan, str]] = {}
+    for step_plan, names in [(plan, own), *((plans.of(ref.config), steps_to_build(plans.of(ref.config), store,
+                                                                                  ref.stage)) for ref in first)]:
+        for name in names:
+            steps.setdefault(f"{step_plan[name].artifact}@{step_plan.planned_version(name)}", (step_plan, name))
     built, in_flight = [], {}
-    for name in steps:
-        stage, version = plan[name], plan.planned_version(name)
+    for work, (step_plan, name) in steps.items():
+        stage, version = step_plan[name], step_plan.planned_version(name)
         if store is not None and store.get(stage.artifact, version) is not None:
-            built.append(name)
-        elif store is not None and _has_work(work := work_dir(store.root, stage.artifact, version)):
-            in_flight[name] = progress(work)
+            built.append(work)
+        elif store is not None and _has_work(folder := work_dir(store.root, stage.artifact, version)):
+            in_flight[work] = progress(folder)
     measured, priced_on = measured_steps(records, plans.passages_of_record), with_best_probe(machine, records)
-    left = [remaining(replace(price_step(name, measured, priced_on, passages_of(plan)),
-                              work=f"{plan[name].artifact}@{plan.planned_version(name)}"), in_flight.get(name))
-            for name in steps if name not in built]
+    left = [remaining(replace(price_step(name, measured, priced_on, passages_of(step_plan)), work=work),
+                      in_flight.get(work))
+            for work, (step_plan, name) in steps.items() if work not in built]
+    needs = "; first " + ", ".join(ref.written for ref in first) if first else ""
     if len(built) == len(steps):
         note = not_recorded_note(store.root, row)
         failed = f"; recording it failed: {note.read_text().strip()}" if note.is_file() else ""
         return RowStatus(row, BUILT, "its artifact is in the local root" + failed, left)
     if built or in_flight:
-        part_built = ", ".join(_part_built(step, progress) for step, progress in in_flight.items())
+        part_built = ", ".join(_part_built(steps[work][1], progress) for work, progress in in_flight.items())
         detail = f"{len(built)} of {len(steps)} steps built" + (f"; {part_built} part-built" if in_flight else "")
-        return RowStatus(row, RESUMABLE, detail, left)
-    return RowStatus(row, NOT_STARTED, f"{len(steps)} steps", left)
+        return RowStatus(row, RESUMABLE, detail + needs, left, first)
+    return RowStatus(row, NOT_STARTED, f"{len(steps)} steps" + needs, left, first)
 
 
 def _part_built(step: str, progress: TrainingProgress | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from flows.study.definition import Bar, Claim, Study
-from flows.study.records import NDCG_AT_10, RANK, outcomes_by_split, read_records
+from flows.study.records import RANK, outcomes_by_split, read_records
 
 SPLIT = "test"
 TOP_KS = (1, 5, 20, 100)
