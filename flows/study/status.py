@@ -57,11 +57,6 @@ class Plans:
     def __call__(self, row: Row) -> Plan:
         return self.of(self.study.config_of(row))
 
-    def default(self) -> Plan:
-        from tasks.config import PROJECT_ROOT
-
-        return self.of(PROJECT_ROOT / self.study.default_config)
-
     def of(self, path: Path) -> Plan:
         from flows.registry import plan_for
         from tasks.config import load_config
