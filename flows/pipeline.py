@@ -36,8 +36,8 @@ def pipeline(config: PipelineConfig = PipelineConfig(), stage: Optional[str] = N
             logger.info("%s: %s %s (built; its inputs are not in this root)", declared.name, declared.artifact,
                         done[declared.name].version)
             continue
-        built = store.get(declared.artifact, plan.planned_version(declared.name))
-        if built is not None and plan.missing_pins(store, declared.name):
+        if plan.missing_pins(store, declared.name) and (
+                built := store.get(declared.artifact, plan.planned_version(declared.name))) is not None:
             # imported (the study's shared inputs): the generator another run fine-tuned is not needed
             done[declared.name] = built
             logger.info("%s: %s %s (built; the other run's artifact it read is not in this root)", declared.name,

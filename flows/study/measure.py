@@ -55,11 +55,14 @@ def references_needed(plan: Plan, references: list[ConfigReference], store: Arti
                       steps: list[str]) -> list[ConfigReference]:
     """The artifacts of other configs' runs (`references`) that a step of `steps` still to build
     reads and `store` lacks: its run would stop there, so they are built first."""
-    def lacks(artifact: str, version: str) -> bool:
-        return store is None or store.get(artifact, version) is None
+    def missing_pins(name: str):
+        if store is None:
+            return plan[name].pinned.values()
+        if store.get(plan[name].artifact, plan.planned_version(name)) is not None:
+            return []   # built: read, its pinned inputs not needed again
+        return plan.missing_pins(store, name)
 
-    pins = {(pin.artifact, pin.version) for name in steps if lacks(plan[name].artifact, plan.planned_version(name))
-            for pin in plan[name].pinned.values() if lacks(pin.artifact, pin.version)}
+    pins = {(pin.artifact, pin.version) for name in steps for pin in missing_pins(name)}
     return [reference for reference in references if (reference.artifact, reference.version) in pins]
 
 
