@@ -77,6 +77,8 @@ def stage_times(root: Path, folder: str, *scaled: str) -> str:
     import json
     import statistics
 
+    from flows.study.records import step_label
+
     target = None
     if scaled:
         if len(scaled) != 4 or scaled[:2] != ("scaled", "to") or scaled[3] != "passages" or not scaled[2].isdigit():
@@ -90,10 +92,10 @@ def stage_times(root: Path, folder: str, *scaled: str) -> str:
         record = json.loads(path.read_text(encoding="utf-8"))
         machine = record.get("machine") or {}
         cpu = f"{machine.get('key', 'unknown CPU')}, {machine.get('cores', '?')} cores"
-        for stage in record.get("stages") or []:
-            key, backfilled = (stage["step"], stage["version"]), bool(record.get("backfilled_from"))
+        for stage in record.get("stages") or []:   # another config's step as `CONFIG.yaml:STEP`
+            key, backfilled = (step_label(stage), stage["version"]), bool(record.get("backfilled_from"))
             if key not in builds or (builds[key]["backfilled"] and not backfilled):
-                builds[key] = {**stage, "cpu": cpu, "backfilled": backfilled}
+                builds[key] = {**stage, "step": key[0], "cpu": cpu, "backfilled": backfilled}
     rows: dict[tuple[str, str], list[dict]] = {}
     for build in sorted(builds.values(), key=lambda b: b.get("created_at") or ""):   # in the order they ran
         prefix = build["step"].split(":", 1)[0]

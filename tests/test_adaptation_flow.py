@@ -197,3 +197,41 @@ def test_a_root_that_imported_the_generated_queries_runs_without_the_source_gene
     assert again["synthetic_queries"] == versions["synthetic_queries"] and "bm25_index" in again
     assert again["negatives:bm25"] == versions["negatives:bm25"]
     assert fresh.get("qgen_model", built["qgen_model"]) is None
+
+
+def test_a_study_record_of_an_adapted_row_keeps_the_source_runs_steps_it_needed(adapted, tmp_path):
+    """The row's record lists the source config's steps behind the generator and the teacher it
+    read (each once, with its config) beside its own; the price of such a step is that build's,
+    never that of a step of the same name in the row's own config."""
+    from flows.study.definition import load_study
+    from flows.study.estimate import measured_steps, price_step
+    from flows.study.runner import record_row
+    from flows.study.status import Plans
+
+    store, built, versions, _, target = adapted
+    folder = tmp_path / "studies" / "adapt"
+    folder.mkdir(parents=True)
+    (folder / "study.yaml").write_text(yaml.safe_dump({
+        "name": "adapt", "default_config": str(target),
+        "rows": [{"name": "mmse", "stage": "search:mmse", "priority": 1}]}))
+    study = load_study(folder / "study.yaml")
+    machine = {"key": "a CPU", "threads": 1, "sgemm_gflops": 10.0}
+    path = record_row(study, study.row("mmse"), Plans(study), store.root, machine, {"commit": "c" * 40, "dirty": False},
+                      repo=None)
+    stages = json.loads(path.read_text())["stages"]
+    own = [s for s in stages if "config" not in s]
+    source = {s["step"]: s for s in stages if s.get("config")}
+    assert {"train:mmse", "search:mmse", "synthetic_queries"} <= {s["step"] for s in own}
+    assert {s["config"] for s in source.values()} == {str(target.parent / "source.yaml")}   # outside the project: its path
+    assert source["qgen_model"]["version"] == built["qgen_model"]
+    assert source["cross_encoder"]["version"] == built["cross_encoder"]
+    works = [(s["artifact"], s["version"]) for s in stages]
+    assert len(works) == len(set(works))   # a build the row's own steps list is not listed again
+
+    measured = measured_steps({"r": json.loads(path.read_text())})
+    same_build = price_step("qgen_model", measured, machine, None, ("source.yaml", f"qgen_model@{built['qgen_model']}"))
+    assert same_build.seconds == pytest.approx(source["qgen_model"]["build_s"]) and same_build.basis == "this CPU"
+    by_name = price_step("qgen_model", measured, machine, None, ("source.yaml", "qgen_model@another-version"))
+    assert by_name.seconds == pytest.approx(source["qgen_model"]["build_s"])   # that config's step, as its record ran it
+    assert price_step("qgen_model", measured, machine, None, ("other.yaml", "qgen_model@another-version")).seconds is None
+    assert price_step("qgen_model", measured, machine).seconds is None   # not the row's own config's step

@@ -300,6 +300,21 @@ def test_stage_times_lists_each_stage_version_once_and_a_systems_stages_as_one_r
         hooks.stage_times(tmp_path, "studies/s/records", "scaled", "to", "many")
 
 
+def test_stage_times_name_another_configs_step_by_its_config(tmp_path):
+    """A row's record lists the steps of another config's run it needed first with their config:
+    that generator is a row of its own, not the study's `qgen_model`."""
+    import json
+
+    hooks = docs_script("hooks")
+    records = tmp_path / "studies" / "s" / "records"
+    records.mkdir(parents=True)
+    record = _record([("qgen_model", "g1", "qgen_model", 0, 4000.0), ("qgen_model", "g2", "qgen_model", 0, 300.0)])
+    record["stages"][1]["config"] = "configs/squad-open.yaml"
+    (records / "a.json").write_text(json.dumps(record))
+    rows = [line.split(" | ")[0].lstrip("| ") for line in hooks.stage_times(tmp_path, "studies/s/records").split("\n")[2:]]
+    assert rows == ["`qgen_model`", "`squad-open.yaml:qgen_model`"]
+
+
 def test_operations_draws_the_studys_stage_times_from_its_records_as_the_site_is_built():
     hooks = docs_script("hooks")
     page = (PROJECT_ROOT / "docs" / "operations.md").read_text(encoding="utf-8")

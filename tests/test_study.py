@@ -111,6 +111,17 @@ def test_tables_come_from_the_records_alone(tmp_path):
     assert study_tables(study, samples=2000) == text   # the same records give the same tables
 
 
+def test_the_stage_times_table_names_another_configs_step_by_its_config(tmp_path):
+    from flows.study.tables import stage_times_table
+
+    study = _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}])
+    _runs_record(study, "a", [1] * 40, stages=[
+        {"step": "qgen_model", "version": "g1", "build_s": 4000.0, "rows": 0},
+        {"step": "qgen_model", "version": "g2", "build_s": 300.0, "rows": 0, "config": "configs/squad-open.yaml"}])
+    steps = [line.split(" | ")[0].lstrip("| ") for line in stage_times_table(Results(study))[2:]]
+    assert steps == ["qgen_model", "squad-open.yaml:qgen_model"]
+
+
 def test_each_paper_gets_its_own_reproduction_table_to_include_and_a_joint_claim_is_in_both(tmp_path):
     study = _study_folder(
         tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1}],
@@ -205,6 +216,16 @@ def test_the_status_columns_line_up_past_a_long_row_name(repo):
     assert table[0].index("state") == table[1].index("not started")
 
 
+class _NoPlans:
+    """Plans for a runner whose measuring is replaced: no plan, no references."""
+
+    def __call__(self, row):
+        return None
+
+    def references(self, row):
+        return []
+
+
 def test_a_record_rewrites_the_tables_from_study_yaml_as_it_is_now(tmp_path, monkeypatch):
     """A row added to study.yaml while the runner runs is in the tables its next record writes; a
     study.yaml that does not load leaves the definition the run began with."""
@@ -219,10 +240,11 @@ def test_a_record_rewrites_the_tables_from_study_yaml_as_it_is_now(tmp_path, mon
     definition = study.folder / "study.yaml"
     definition.write_text(definition.read_text() + '  - {"name": "bm25-added", "stage": "bm25_search", "priority": 2}\n')
     commit = {"commit": "c" * 40, "dirty": False}
-    runner.record_row(study, study.row("bm25"), lambda row: None, tmp_path / "no-root", ZEN3, commit, repo=None)
+    plans = _NoPlans()
+    runner.record_row(study, study.row("bm25"), plans, tmp_path / "no-root", ZEN3, commit, repo=None)
     assert "1 of 2 rows measured" in (tmp_path / "mini.md").read_text()
     definition.write_text("rows: [\n")
-    runner.record_row(study, study.row("bm25"), lambda row: None, tmp_path / "no-root", ZEN3, commit, repo=None)
+    runner.record_row(study, study.row("bm25"), plans, tmp_path / "no-root", ZEN3, commit, repo=None)
     assert "1 of 1 rows measured" in (tmp_path / "mini.md").read_text()
 
 

@@ -5,12 +5,16 @@ scaled by the two machines' fp32 matrix-product probes (this machine's: the best
 this run measured, `with_best_probe`; unscaled where a record has no probe), else the time of its first-seed twin
 (`train:gold-s2` is priced as `train:gold-s1`, `train:adapt-dpr-s2` as a recipe's own
 `train:adapt-dpr`); what is left of a part-built training at the rate
-its own checkpoints measured. A step nobody has measured is unknown, not guessed."""
+its own checkpoints measured. A step of another config's run that a row needs first (a model it
+reads) is priced by that very build (its version), else by that config's step. A step nobody has
+measured is unknown, not guessed."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional
+
+from flows.study.records import step_label
 
 if TYPE_CHECKING:
     from tasks.training.checkpoints import TrainingProgress
@@ -27,18 +31,24 @@ class StepPrice:
 
 
 Measured = dict[tuple[Optional[str], str], list[tuple[dict, dict]]]
+WORK = "work"   # measured_steps' key for an exact build: (WORK, "artifact@version")
 
 
 def measured_steps(records: dict[str, dict], passages_of: Callable[[dict], str | None] = lambda record: None
                    ) -> Measured:
     """(passages, step name) -> [(stage time, machine)] over every record, newest record first;
-    `passages_of(record)` names the passages the record's steps read (None: not told apart)."""
+    `passages_of(record)` names the passages the record's steps read (None: not told apart). A
+    step of another config's run is named `CONFIG.yaml:STEP` (its config fixes its corpus); every
+    build is also found by its work, (WORK, "artifact@version")."""
     out: Measured = {}
     for record in sorted(records.values(), key=lambda r: r.get("recorded_at", ""), reverse=True):
-        passages = passages_of(record)
+        passages, machine = passages_of(record), record.get("machine") or {}
         for stage in record.get("stages", []):
-            if stage.get("build_s") is not None:
-                out.setdefault((passages, stage["step"]), []).append((stage, record.get("machine") or {}))
+            if stage.get("build_s") is None:
+                continue
+            out.setdefault((None if stage.get("config") else passages, step_label(stage)), []).append((stage, machine))
+            if stage.get("artifact") and stage.get("version"):
+                out.setdefault((WORK, f"{stage['artifact']}@{stage['version']}"), []).append((stage, machine))
     return out
 
 
@@ -65,10 +75,19 @@ def seed_twins(step: str) -> list[str]:
     return list(dict.fromkeys((SEED_SUFFIX.sub("-s1", step), SEED_SUFFIX.sub("", step))))
 
 
-def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None) -> StepPrice:
-    twins = seed_twins(step)
-    for name, basis in ((step, None), *((twin, f"as {twin}") for twin in twins)):
-        times = measured.get((passages, name)) or []
+def price_step(step: str, measured: Measured, machine: dict, passages: str | None = None,
+               elsewhere: tuple[str, str] | None = None) -> StepPrice:
+    """`step` of the row's own config over `passages`, or with `elsewhere` (the config file's name,
+    "artifact@version"), a step of another config's run: priced by that very build, else by that
+    config's step in a record that ran it, never by a step of the same name in another config (the
+    study's generator fine-tunes on every train pair, squad-open.yaml's on 160)."""
+    if elsewhere is not None:
+        config, work = elsewhere
+        keys = [((WORK, work), None), ((None, f"{config}:{step}"), None)]
+    else:
+        keys = [((passages, step), None), *(((passages, twin), f"as {twin}") for twin in seed_twins(step))]
+    for key, basis in keys:
+        times = measured.get(key) or []
         here = [t for t, m in times if m.get("key") == machine.get("key")]
         if here:
             return StepPrice(step, float(here[0]["build_s"]), basis or "this CPU")

@@ -90,23 +90,59 @@ def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
         artifact = store.get(stage.artifact, version)
         if artifact is None:
             raise RuntimeError(f"row {row.name!r}: step {name} ({stage.artifact} {version}) is not built in {store.root}")
-        manifest = artifact.manifest
-        out.append({"step": name, "artifact": stage.artifact, "version": version,
-                    "build_s": build_seconds(manifest), "rows": manifest.get("rows"),
-                    "created_at": manifest.get("created_at")})
+        out.append(_stage_time(name, artifact))
     return out
 
 
-def measure_row(study: Study, row: Row, plan: Plan, store: ArtifactStore) -> dict:
-    """The record's measured part (outcomes, metrics, details, versions, stage times); raises
-    when the row's artifact is not built in `store`."""
+def reference_stage_times(plan: Plan, store: ArtifactStore, row: Row,
+                          references: list[tuple[ConfigReference, Plan]], own: list[dict]) -> list[dict]:
+    """The builds of other configs' steps behind a model the row read (`other.yaml:STAGE`, with
+    that config's plan), each with its config: the work the runner did first for the row. A step
+    the row's own steps (`own`) list is left out, and so is one the root no longer holds."""
+    pinned = {(pin.artifact, pin.version) for name in steps_run_here(plan, store, row)
+              for pin in plan[name].pinned.values()}
+    seen = {(stage["artifact"], stage["version"]) for stage in own}
+    out = []
+    for reference, other in references:
+        if (reference.artifact, reference.version) not in pinned:
+            continue   # a model the row's steps here do not read (an imported artifact stood in for its reader)
+        for name in steps_to_build(other, store, reference.stage):
+            work = (other[name].artifact, other.planned_version(name))
+            artifact = store.get(*work)
+            if work in seen or artifact is None:
+                continue
+            seen.add(work)
+            out.append({**_stage_time(name, artifact), "config": config_name(reference.config)})
+    return out
+
+
+def config_name(path: Path) -> str:
+    """A config file as records name it: relative to the project where it is in it."""
+    from tasks.config import PROJECT_ROOT
+
+    path = Path(path).resolve()
+    return str(path.relative_to(PROJECT_ROOT)) if path.is_relative_to(PROJECT_ROOT) else str(path)
+
+
+def _stage_time(name: str, artifact) -> dict:
+    manifest = artifact.manifest
+    return {"step": name, "artifact": artifact.stage, "version": artifact.version,
+            "build_s": build_seconds(manifest), "rows": manifest.get("rows"), "created_at": manifest.get("created_at")}
+
+
+def measure_row(study: Study, row: Row, plan: Plan, store: ArtifactStore,
+                references: list[tuple[ConfigReference, Plan]] = ()) -> dict:
+    """The record's measured part (outcomes, metrics, details, versions, stage times: the row's
+    own steps, then those of the other configs' runs behind a model it read, `references` with
+    their plans); raises when the row's artifact is not built in `store`."""
     artifact = row_artifact(plan, store, row)
     if artifact is None:
         raise RuntimeError(f"row {row.name!r}: {row.stage} is not built in {store.root}")
+    own = stage_times(plan, store, row)
     record = {"row": row.name, "kind": row.kind, "system": row.system_name, "stage": row.stage,
               "config": row.config or study.default_config, "artifact": artifact.stage, "version": artifact.version,
               "versions": {name: plan.planned_version(name) for name in planned_steps(plan, row)},
-              "stages": stage_times(plan, store, row)}
+              "stages": own + (reference_stage_times(plan, store, row, list(references), own) if references else [])}
     if row.kind == "runs":
         record.update(_runs_outcomes(study, row, plan, store, artifact.read_table()))
     else:  # the classifier's report and the generated queries' quality are in their manifests' stats

@@ -24,6 +24,13 @@ OUTCOME_DIGITS = 4               # nDCG values kept to 4 decimals
 OUTCOME_SPLITS = ("dev", "test")  # the per-question outcomes kept (a corpus without them keeps what it has)
 
 
+def step_label(stage: dict) -> str:
+    """A record's stage as its tables and prices name it: the step, or `CONFIG.yaml:STEP` for a
+    step of another config's run that the row needed first (its generator, its teacher)."""
+    config = stage.get("config")
+    return f"{Path(config).name}:{stage['step']}" if config else stage["step"]
+
+
 def question_digest(splits: dict[str, list[str]]) -> str:
     text = json.dumps({s: sorted(q) for s, q in sorted(splits.items())}, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -85,7 +85,8 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
                repo: Path | None) -> Path:
     """Measures a built row, writes its record (and its question list) and commits them in `repo`."""
     store = open_store(root)
-    record = {**measure_row(study, row, plans(row), store), **commit, "machine": machine, "root": str(root)}
+    references = [(reference, plans.of(reference.config)) for reference in plans.references(row)]
+    record = {**measure_row(study, row, plans(row), store, references), **commit, "machine": machine, "root": str(root)}
     path = write_record(study.folder, record)
     files = [path, *export_shared(study, plans, root)]
     questions = record.get("outcomes", {}).get("questions")

@@ -115,22 +115,22 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
     first = tuple(references_needed(plan, plans.references(row), store, own))
     # the row's own steps, then the other configs' steps that make a model it reads and the root
     # lacks; by the work they do (artifact and version): a step two plans share is one
-    steps: dict[str, tuple[Plan, str]] = {}
-    for step_plan, names in [(plan, own), *((plans.of(ref.config), steps_to_build(plans.of(ref.config), store,
-                                                                                  ref.stage)) for ref in first)]:
+    steps: dict[str, tuple[Plan, str, str | None]] = {}   # work -> (plan, step, the other config's file name)
+    for step_plan, names, config in [(plan, own, None), *((plans.of(ref.config), steps_to_build(
+            plans.of(ref.config), store, ref.stage), ref.config.name) for ref in first)]:
         for name in names:
-            steps.setdefault(f"{step_plan[name].artifact}@{step_plan.planned_version(name)}", (step_plan, name))
+            steps.setdefault(f"{step_plan[name].artifact}@{step_plan.planned_version(name)}", (step_plan, name, config))
     built, in_flight = [], {}
-    for work, (step_plan, name) in steps.items():
+    for work, (step_plan, name, _) in steps.items():
         stage, version = step_plan[name], step_plan.planned_version(name)
         if store is not None and store.get(stage.artifact, version) is not None:
             built.append(work)
         elif store is not None and _has_work(folder := work_dir(store.root, stage.artifact, version)):
             in_flight[work] = progress(folder)
     measured, priced_on = measured_steps(records, plans.passages_of_record), with_best_probe(machine, records)
-    left = [remaining(replace(price_step(name, measured, priced_on, passages_of(step_plan)), work=work),
-                      in_flight.get(work))
-            for work, (step_plan, name) in steps.items() if work not in built]
+    left = [remaining(replace(price_step(name, measured, priced_on, passages_of(step_plan),
+                                         (config, work) if config else None), work=work), in_flight.get(work))
+            for work, (step_plan, name, config) in steps.items() if work not in built]
     needs = "; first " + ", ".join(ref.written for ref in first) if first else ""
     if len(built) == len(steps):
         note = not_recorded_note(store.root, row)

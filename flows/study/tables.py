@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from flows.study.definition import Bar, Claim, Study
-from flows.study.records import RANK, outcomes_by_split, read_records
+from flows.study.records import RANK, outcomes_by_split, read_records, step_label
 
 SPLIT = "test"
 TOP_KS = (1, 5, 20, 100)
@@ -154,10 +154,11 @@ def stage_times_table(results: Results, min_s: float = 30.0) -> list[str]:
     for name, record in sorted(results.records.items(), key=lambda kv: kv[1].get("recorded_at", "")):
         key = (record.get("machine") or {}).get("key", "?")
         for stage in record.get("stages", []):
-            if (stage["step"], stage["version"], key) in seen or (stage.get("build_s") or 0) < min_s:
+            step = step_label(stage)
+            if (step, stage["version"], key) in seen or (stage.get("build_s") or 0) < min_s:
                 continue
-            seen.add((stage["step"], stage["version"], key))
-            lines.append(f"| {stage['step']} | {key} | {stage['build_s'] / 60:.1f} min | {stage.get('rows') or 0:,} | "
+            seen.add((step, stage["version"], key))
+            lines.append(f"| {step} | {key} | {stage['build_s'] / 60:.1f} min | {stage.get('rows') or 0:,} | "
                          f"{name} |")
     return lines
 
