@@ -223,8 +223,6 @@ def _toy_text(i: int, stride: int, n: int) -> str:
 def _mining_store(root):
     """What dense mining reads, as artifacts: questions (two splits), passages, gold links, the
     miner's passage vectors (three files) and its question vectors."""
-    import numpy as np
-
     from storage.parquet import write_table
     from storage.shards import move_shards_into, write_shard
     from tasks.compute.embeddings import embeddings_table, query_vectors_table
@@ -296,8 +294,6 @@ def test_dense_mining_in_question_shards_on_dask_gives_the_single_pass_bytes(pre
 
 
 def test_the_cross_encoder_judge_of_mined_negatives_scores_in_shards_on_dask(prefect_harness, tmp_path, checkpoint):
-    import numpy as np
-
     from models.cross_encoder import CrossEncoderModel
     from tasks.negatives.stages import MineParams, build_mined_negatives
 
@@ -330,8 +326,6 @@ def test_the_cross_encoder_judge_of_mined_negatives_scores_in_shards_on_dask(pre
 
 
 def test_the_refresh_reencodes_changed_passages_in_shards_on_dask(prefect_harness, tmp_path, tiny_checkpoint):
-    import numpy as np
-
     from storage.parquet import write_table
     from tasks.compute.embeddings import embeddings_table, vectors_from_table
     from tasks.refresh.stages import build_vectors

@@ -1,7 +1,5 @@
 """The stage engine: what each stage's version hashes, the plan of every shipped config, and the
 engine's own checks (unknown inputs, cycles, pinned inputs)."""
-from pathlib import Path
-
 import pytest
 
 from flows.registry import FAMILIES, plan_for
