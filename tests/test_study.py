@@ -319,6 +319,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert run_study(study, fresh, 600, machine, repo=None, say=said.append) == ["bm25", "bm25-second"]
     again = read_records(study.folder)["bm25"]
     assert "bm25_index" in again["versions"] and "bm25_index" not in {s["step"] for s in again["stages"]}
+    assert "bm25_search" not in {s["step"] for s in again["stages"]}   # imported: built, and timed, elsewhere
     assert again["outcomes"] == record["outcomes"]
 
 

@@ -83,14 +83,16 @@ def build_seconds(manifest: dict) -> float | None:
 
 def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
     """Each step's build as its manifest recorded it (the run that built it, on this root), for
-    the steps a run builds here (`steps_run_here`)."""
+    the steps a run builds here (`steps_run_here`); an imported artifact was built on another
+    machine, whose CPU this record does not name: its time is in the record of the row that built it."""
     out = []
     for name in steps_run_here(plan, store, row):
         stage, version = plan[name], plan.planned_version(name)
         artifact = store.get(stage.artifact, version)
         if artifact is None:
             raise RuntimeError(f"row {row.name!r}: step {name} ({stage.artifact} {version}) is not built in {store.root}")
-        out.append(_stage_time(name, artifact))
+        if not artifact.manifest.get("imported"):
+            out.append(_stage_time(name, artifact))
     return out
 
 
@@ -98,7 +100,7 @@ def reference_stage_times(plan: Plan, store: ArtifactStore, row: Row,
                           references: list[tuple[ConfigReference, Plan]], own: list[dict]) -> list[dict]:
     """The builds of other configs' steps behind a model the row read (`other.yaml:STAGE`, with
     that config's plan), each with its config: the work the runner did first for the row. A step
-    the row's own steps (`own`) list is left out, and so is one the root no longer holds."""
+    the row's own steps (`own`) list is left out, and so is one the root no longer holds or imported."""
     pinned = {(pin.artifact, pin.version) for name in steps_run_here(plan, store, row)
               for pin in plan[name].pinned.values()}
     seen = {(stage["artifact"], stage["version"]) for stage in own}
@@ -109,7 +111,7 @@ def reference_stage_times(plan: Plan, store: ArtifactStore, row: Row,
         for name in steps_to_build(other, store, reference.stage):
             work = (other[name].artifact, other.planned_version(name))
             artifact = store.get(*work)
-            if work in seen or artifact is None:
+            if work in seen or artifact is None or artifact.manifest.get("imported"):
                 continue
             seen.add(work)
             out.append({**_stage_time(name, artifact), "config": config_name(reference.config)})
