@@ -160,7 +160,7 @@ def test_a_classifier_row_records_its_dev_auc_curve_from_the_training_history(tm
     artifact = _Artifact(tmp_path / "artifact", stats)
     monkeypatch.setattr(measure, "row_artifact", lambda plan, store, r: artifact)
     monkeypatch.setattr(measure, "planned_steps", lambda plan, r: [])
-    monkeypatch.setattr(measure, "stage_times", lambda plan, store, r: [])
+    monkeypatch.setattr(measure, "steps_run_here", lambda plan, store, r: [])
     record = measure.measure_row(study, row, None, None)
     assert record["details"]["dev_curve"] == [[100, 0.81], [200, 0.82], [300, 0.83]]   # AUC, not the picking log loss
     assert record["details"]["dev_auc"] == 0.83 and stats["dev_curve"] == [{"step": 100, "auc": 0.81}]  # manifest untouched

@@ -81,12 +81,12 @@ def build_seconds(manifest: dict) -> float | None:
     return build_s + earlier if build_s is not None and earlier > 0 else build_s
 
 
-def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
+def stage_times(plan: Plan, store: ArtifactStore, row: Row, steps: list[str]) -> list[dict]:
     """Each step's build as its manifest recorded it (the run that built it, on this root), for
-    the steps a run builds here (`steps_run_here`); an imported artifact was built on another
+    `steps`, those a run builds here (`steps_run_here`); an imported artifact was built on another
     machine, whose CPU this record does not name: its time is in the record of the row that built it."""
     out = []
-    for name in steps_run_here(plan, store, row):
+    for name in steps:
         stage, version = plan[name], plan.planned_version(name)
         artifact = store.get(stage.artifact, version)
         if artifact is None:
@@ -96,13 +96,13 @@ def stage_times(plan: Plan, store: ArtifactStore, row: Row) -> list[dict]:
     return out
 
 
-def reference_stage_times(plan: Plan, store: ArtifactStore, row: Row,
+def reference_stage_times(plan: Plan, store: ArtifactStore, steps: list[str],
                           references: list[tuple[ConfigReference, Plan]], own: list[dict]) -> list[dict]:
-    """The builds of other configs' steps behind a model the row read (`other.yaml:STAGE`, with
-    that config's plan), each with its config: the work the runner did first for the row. A step
-    the row's own steps (`own`) list is left out, and so is one the root no longer holds or imported."""
-    pinned = {(pin.artifact, pin.version) for name in steps_run_here(plan, store, row)
-              for pin in plan[name].pinned.values()}
+    """The builds of other configs' steps behind a model the row's `steps` (those run here) read
+    (`other.yaml:STAGE`, with that config's plan), each with its config: the work the runner did
+    first for the row. A step the row's own steps (`own`) list is left out, and so is one the root
+    no longer holds or imported."""
+    pinned = {(pin.artifact, pin.version) for name in steps for pin in plan[name].pinned.values()}
     seen = {(stage["artifact"], stage["version"]) for stage in own}
     out = []
     for reference, other in references:
@@ -140,11 +140,12 @@ def measure_row(study: Study, row: Row, plan: Plan, store: ArtifactStore,
     artifact = row_artifact(plan, store, row)
     if artifact is None:
         raise RuntimeError(f"row {row.name!r}: {row.stage} is not built in {store.root}")
-    own = stage_times(plan, store, row)
+    steps = steps_run_here(plan, store, row)
+    own = stage_times(plan, store, row, steps)
     record = {"row": row.name, "kind": row.kind, "system": row.system_name, "stage": row.stage,
               "config": row.config or study.default_config, "artifact": artifact.stage, "version": artifact.version,
               "versions": {name: plan.planned_version(name) for name in planned_steps(plan, row)},
-              "stages": own + (reference_stage_times(plan, store, row, list(references), own) if references else [])}
+              "stages": own + reference_stage_times(plan, store, steps, list(references), own)}
     if row.kind == "runs":
         record.update(_runs_outcomes(study, row, plan, store, artifact.read_table()))
     else:  # the classifier's report and the generated queries' quality are in their manifests' stats
