@@ -47,8 +47,8 @@ def planned_stages(plan: Plan, root: Path) -> list[PlannedStage]:
         version = plan.planned_version(stage.name)
         built = present(stage.artifact, version)
         # a built stage is read, not rerun: the other run's artifact it read is not needed again
-        missing = () if built else tuple(f"{pin.artifact}:{pin.version}" for pin in stage.pinned.values()
-                                         if not present(pin.artifact, pin.version))
+        lacking = () if built else stage.pinned.values() if store is None else plan.missing_pins(store, stage.name)
+        missing = tuple(f"{pin.artifact}:{pin.version}" for pin in lacking)
         out.append(PlannedStage(stage.name, stage.artifact, version, BUILT if built else NOT_BUILT, missing))
     return out
 

@@ -3,8 +3,6 @@ built in the artifact root (nothing runs, nothing is written), and the stage DAG
 The built state comes from the engine's own `run_stage` on the tiny config's first stages."""
 import re
 
-import pytest
-
 from flows.cli import main
 from flows.plan import BUILT, NOT_BUILT, dot, mermaid, planned_stages
 from flows.registry import plan_for
@@ -100,6 +98,11 @@ def test_inputs_pinned_to_another_runs_artifact_are_drawn_and_noted_when_missing
     run_stage(ArtifactStore(tmp_path), plan.stages["train:c"], {"init": Artifact("dense_model", "abc", tmp_path)})
     built = planned_stages(plan, tmp_path)
     assert built[2].state == BUILT and built[2].missing_pins == () and built[1].missing_pins == ("dense_model:abc",)
+    assert planned_stages(plan, tmp_path / "no-root")[1].missing_pins == ("dense_model:abc",)   # no store: every pin
+    run_stage(ArtifactStore(tmp_path), Stage("other", "dense_model", "1", (), NoParams(), lambda p, i, o: None), {})
+    other = ArtifactStore(tmp_path).latest("dense_model")
+    pinned_to_it = Plan([stage("train:d", pinned={"init": Pinned("dense_model", other.version)})])
+    assert planned_stages(pinned_to_it, tmp_path)[0].missing_pins == ()   # the other run's artifact is there
 
 
 def test_the_reduced_dag_leaves_out_only_the_edges_a_longer_path_implies(shared_data, tmp_path, capsys):
