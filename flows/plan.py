@@ -46,9 +46,7 @@ def planned_stages(plan: Plan, root: Path) -> list[PlannedStage]:
     for stage in plan:
         version = plan.planned_version(stage.name)
         built = present(stage.artifact, version)
-        # a built stage is read, not rerun: the other run's artifact it read is not needed again
-        lacking = () if built else stage.pinned.values() if store is None else plan.missing_pins(store, stage.name)
-        missing = tuple(f"{pin.artifact}:{pin.version}" for pin in lacking)
+        missing = tuple(f"{pin.artifact}:{pin.version}" for pin in plan.pins_to_fetch(store, stage.name))
         out.append(PlannedStage(stage.name, stage.artifact, version, BUILT if built else NOT_BUILT, missing))
     return out
 

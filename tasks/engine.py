@@ -182,6 +182,15 @@ class Plan:
         """The inputs of `name` pinned to another run's artifacts that `store` lacks."""
         return [pin for pin in self.stages[name].pinned.values() if store.get(pin.artifact, pin.version) is None]
 
+    def pins_to_fetch(self, store: ArtifactStore | None, name: str) -> list[Pinned]:
+        """What a run of `name` on `store` still needs from other runs: nothing once it is built
+        (it is read, not rerun), every pinned input without a store, else the pins `store` lacks."""
+        if store is None:
+            return list(self.stages[name].pinned.values())
+        if store.get(self.stages[name].artifact, self.planned_version(name)) is not None:
+            return []
+        return self.missing_pins(store, name)
+
     def pinned_inputs(self, store: ArtifactStore, name: str) -> dict[str, Artifact]:
         out = {}
         for key, pin in self.stages[name].pinned.items():

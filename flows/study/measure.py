@@ -55,14 +55,7 @@ def references_needed(plan: Plan, references: list[ConfigReference], store: Arti
                       steps: list[str]) -> list[ConfigReference]:
     """The artifacts of other configs' runs (`references`) that a step of `steps` still to build
     reads and `store` lacks: its run would stop there, so they are built first."""
-    def missing_pins(name: str):
-        if store is None:
-            return plan[name].pinned.values()
-        if store.get(plan[name].artifact, plan.planned_version(name)) is not None:
-            return []   # built: read, its pinned inputs not needed again
-        return plan.missing_pins(store, name)
-
-    pins = {(pin.artifact, pin.version) for name in steps for pin in missing_pins(name)}
+    pins = {(pin.artifact, pin.version) for name in steps for pin in plan.pins_to_fetch(store, name)}
     return [reference for reference in references if (reference.artifact, reference.version) in pins]
 
 
