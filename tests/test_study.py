@@ -76,6 +76,15 @@ def test_a_study_that_names_a_missing_row_or_a_row_twice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="claims or bars name rows the study lacks: nowhere"):
         _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}],
                       claims=[{"paper": "p", "claim": "c", "a": "a", "b": "nowhere", "k": 1}])
+    with pytest.raises(ValueError, match="claims or bars name rows the study lacks: nowhere"):
+        _study_folder(tmp_path / "b", [{"name": "a", "stage": "bm25_search", "priority": 1}],
+                      bars=[{"bar": "a beats nowhere", "beats": [["a", "nowhere"]], "k": 1}])
+    with pytest.raises(ValueError, match="bars.0: .*`beats` takes no row, rows or at_least"):
+        _study_folder(tmp_path / "c", [{"name": "a", "stage": "bm25_search", "priority": 1}],
+                      bars=[{"bar": "both", "beats": [["a", "a"]], "rows": ["a"], "k": 1, "at_least": 1}])
+    with pytest.raises(ValueError, match="bars.0: .*give `beats`, or `row` or `rows` with `at_least`"):
+        _study_folder(tmp_path / "d", [{"name": "a", "stage": "bm25_search", "priority": 1}],
+                      bars=[{"bar": "no threshold", "rows": ["a"], "k": 1}])
     with pytest.raises(ValueError, match="rows named twice: a"):
         _study_folder(tmp_path / "x", [{"name": "a", "stage": "s", "priority": 1}, {"name": "a", "stage": "t", "priority": 2}])
     with pytest.raises(ValueError, match="no such study"):
@@ -92,7 +101,11 @@ def test_tables_come_from_the_records_alone(tmp_path):
                 {"paper": "P2", "claim": "a beats c", "a": "a", "b": "c", "k": 1},
                 {"paper": "P3", "claim": "b beats a", "a": "b", "b": "a", "k": 1},
                 {"paper": "P4", "claim": "d beats a", "a": "d", "b": "a", "k": 1}],
-        bars=[{"bar": "top-1 >= 60", "rows": ["a", "b"], "k": 1, "at_least": 60}])
+        bars=[{"bar": "top-1 >= 60", "rows": ["a", "b"], "k": 1, "at_least": 60},
+              {"bar": "a and d beat b", "beats": [["a", "b"], ["d", "b"]], "k": 1},
+              {"bar": "a beats b and d", "beats": [["a", "b"], ["a", "d"]], "k": 1},
+              {"bar": "a beats b and c", "beats": [["a", "b"], ["a", "c"]], "k": 1},
+              {"bar": "b and c beat a", "beats": [["b", "a"], ["c", "a"]], "k": 1}])
     # a: 30 of 40 at rank 1; b: 10 of 40 at rank 1, 20 more at rank 5, the rest missed.
     _runs_record(study, "a", [1] * 30 + [3] * 10)
     _runs_record(study, "b", [1] * 10 + [5] * 20 + [None] * 10)
@@ -107,6 +120,12 @@ def test_tables_come_from_the_records_alone(tmp_path):
     assert "| P3 | b beats a | top-1 25.0 vs 75.0 (b vs a) | [-" in text and "| no: B is better |" in text
     assert "| P4 | d beats a | top-1 75.0 vs 75.0 (d vs a) | [+0.0, +0.0] | not reproduced (the interval holds 0) |" in text
     assert "| top-1 >= 60 | a: top-1 75.0 (best of 2 of 2 rows measured) | met |" in text
+    a_vs_b = text.split("(a vs b) | ")[1].split(" |")[0]   # a bar's interval is the reproduction table's
+    assert f"| a and d beat b | a vs b: top-1 75.0 vs 25.0, {a_vs_b}; d vs b: top-1 75.0 vs 25.0, [+" in text
+    assert text.split("| a and d beat b |")[1].split("\n")[0].endswith("| met |")
+    assert "| a beats b and d | a vs b: top-1 75.0 vs 25.0, " in text and "; a vs d: top-1 75.0 vs 75.0, [+0.0, +0.0] | not met |" in text
+    assert f"| a beats b and c | a vs b: top-1 75.0 vs 25.0, {a_vs_b}; not measured: c | - |" in text   # undecided
+    assert "| b and c beat a | b vs a: top-1 25.0 vs 75.0, [-" in text and "; not measured: c | not met |" in text
     assert "| a | 40 | 75.0 | 100.0 | 100.0 | 100.0 | - | AMD EPYC (family 25 model 1), 2 threads; commit cccccccccc |" in text
     assert study_tables(study, samples=2000) == text   # the same records give the same tables
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.config import PROJECT_ROOT
 from tasks.stage_refs import is_config_reference, split_config_reference
@@ -44,17 +44,32 @@ class Claim(BaseModel):
 
 
 class Bar(BaseModel):
-    """A quality bar: the best of `rows` (or `row`) reaches `at_least` points at top-k."""
+    """A quality bar: the best of `rows` (or `row`) reaches `at_least` points at top-k; or, with
+    `beats`, in every pair row A beats row B at top-k (the paired interval of A - B above 0)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     bar: str
     row: Optional[str] = None
     rows: list[str] = Field(default_factory=list)
+    beats: list[tuple[str, str]] = Field(default_factory=list, description="pairs [A, B]: each A must beat its B")
     k: int = Field(ge=1)
-    at_least: float
+    at_least: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Bar":
+        if self.beats and (self.row or self.rows or self.at_least is not None):
+            raise ValueError(f"bar {self.bar!r}: `beats` takes no row, rows or at_least")
+        if not self.beats and (self.at_least is None or not self.candidates):
+            raise ValueError(f"bar {self.bar!r}: give `beats`, or `row` or `rows` with `at_least`")
+        return self
 
     @property
     def candidates(self) -> list[str]:
         return [self.row] if self.row else list(self.rows)
+
+    @property
+    def names(self) -> list[str]:
+        """Every row the bar reads."""
+        return [name for pair in self.beats for name in pair] + self.candidates
 
 
 class Study(BaseModel):
@@ -121,7 +136,7 @@ def load_study(name_or_path: str | Path = "squad-open") -> Study:
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise ValueError(f"{path}: rows named twice: {', '.join(duplicated)}")
-    named = {n for c in study.claims for n in (c.a, c.b, c.row) if n} | {n for b in study.bars for n in b.candidates}
+    named = {n for c in study.claims for n in (c.a, c.b, c.row) if n} | {n for b in study.bars for n in b.names}
     unknown = sorted(named - set(names))
     if unknown:
         raise ValueError(f"{path}: claims or bars name rows the study lacks: {', '.join(unknown)}")

@@ -93,9 +93,13 @@ def claim_cells(results: Results, claim: Claim, samples: int) -> str:
         missing = [n for n in (claim.a, claim.b) if results.test(n) is None]
         return f"| {claim.paper} | {claim.claim} | not measured: {', '.join(missing)} | - | - |"
     r = compare(results, claim.a, claim.b, claim.k, samples)
-    what = f"top-{claim.k}" if results.measure(claim.a) == RANK else "nDCG@10"
+    what = _metric(results, claim.a, claim.k)
     return (f"| {claim.paper} | {claim.claim} | {what} {100 * r['a']:.1f} vs {100 * r['b']:.1f} ({claim.a} vs "
             f"{claim.b}) | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {_reproduced(verdict(r))} |")
+
+
+def _metric(results: Results, row: str, k: int) -> str:
+    return f"top-{k}" if results.measure(row) == RANK else "nDCG@10"
 
 
 def _reproduced(verdict: str) -> str:
@@ -134,7 +138,9 @@ def paper_tables(results: Results, samples: int) -> list[str]:
     return out
 
 
-def bar_line(results: Results, bar: Bar) -> str:
+def bar_line(results: Results, bar: Bar, samples: int) -> str:
+    if bar.beats:
+        return _beats_line(results, bar, samples)
     scored = {n: results.score(n, bar.k) for n in bar.candidates if results.test(n) is not None}
     if not scored:
         return f"| {bar.bar} | not measured | - |"
@@ -144,8 +150,29 @@ def bar_line(results: Results, bar: Bar) -> str:
     return f"| {bar.bar} | {best}: top-{bar.k} {scored[best]:.1f}{share} | {met} |"
 
 
-def bars_table(results: Results) -> list[str]:
-    return ["| bar | measured | |", "|---|---|---|"] + [bar_line(results, b) for b in results.study.bars]
+def _beats_line(results: Results, bar: Bar, samples: int) -> str:
+    """Each pair's interval, as the reproduction table computes it: met when every one lies above
+    0, not met as soon as a measured one does not, undecided while a pair is not measured."""
+    from tasks.evaluation.bootstrap import verdict
+
+    cells, shown, missing = [], [], []
+    for a, b in bar.beats:
+        unmeasured = [n for n in (a, b) if results.test(n) is None]
+        if unmeasured:
+            missing += unmeasured
+            continue
+        r = compare(results, a, b, bar.k, samples)
+        shown.append(verdict(r) == "yes")
+        cells.append(f"{a} vs {b}: {_metric(results, a, bar.k)} {100 * r['a']:.1f} vs {100 * r['b']:.1f}, "
+                     f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]")
+    if missing:
+        cells.append(f"not measured: {', '.join(dict.fromkeys(missing))}")
+    met = "not met" if not all(shown) else ("-" if missing else "met")
+    return f"| {bar.bar} | {'; '.join(cells)} | {met} |"
+
+
+def bars_table(results: Results, samples: int) -> list[str]:
+    return ["| bar | measured | |", "|---|---|---|"] + [bar_line(results, b, samples) for b in results.study.bars]
 
 
 def stage_times_table(results: Results, min_s: float = 30.0) -> list[str]:
@@ -204,7 +231,7 @@ def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] |
     out = [f"# Study {study.name}: every table from its records", "", *included("summary", [summary]), "",
            "## Reproduction", "", *included("reproduction", reproduction_table(results, samples)), "",
            "## Reproduction by paper", "", *paper_tables(results, samples),
-           "## Bars", "", *included("bars", bars_table(results)), "",
+           "## Bars", "", *included("bars", bars_table(results, samples)), "",
            f"## Systems ({SPLIT} split)", "", *included("systems", systems_table(results)), "",
            "## Classifier and generation", "", *included("classifier-and-generation", extra), "",
            "## Stage build times (30 s or more), per CPU", "", *included("stage-build-times", stage_times_table(results)), ""]
