@@ -321,7 +321,13 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     staged = subprocess.run(["git", "-C", str(checkout), "diff", "--cached", "--name-only"], capture_output=True,
                             text=True, check=True).stdout
     assert staged.split() == ["unrelated.txt"]
-    assert all(s.state == MEASURED for s in study_status(study, root, records, machine))
+    statuses = study_status(study, root, records, machine)
+    assert all(s.state == MEASURED for s in statuses)
+    assert "other versions" not in statuses[0].detail
+    changed = {**record, "versions": {**record["versions"], "chunk": "0" * 16, "a-step-gone": "1" * 16}}
+    detail = study_status(study, root, {**records, "bm25": changed}, machine)[0].detail
+    assert detail.endswith(f"; 2 of {len(changed['versions'])} steps at other versions than this plan gives "
+                           "(chunk, a-step-gone)")
     assert "top-1" in study_tables(study, samples=200)
     # The shared step travels with the repository: exported, committed, and imported by a new machine.
     assert f"studies/mini/shared/bm25_runs-{record['version']}.tar.gz" in log

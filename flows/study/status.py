@@ -110,7 +110,10 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
     if record is not None:
         origin = record.get("machine", {}).get("key", "an unnamed CPU")
         commit = (record.get("commit") or "?")[:10]
-        return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}", [])
+        versions, other = record.get("versions") or {}, versions_changed(record, plan)
+        since = (f"; {len(other)} of {len(versions)} steps at other versions than this plan gives ({', '.join(other[:3])}"
+                 f"{', ...' if len(other) > 3 else ''})") if other else ""
+        return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}{since}", [])
     own = steps_run_here(plan, store, row)
     first = tuple(references_needed(plan, plans.references(row), store, own))
     # the row's own steps, then the other configs' steps that make a model it reads and the root
@@ -141,6 +144,14 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
         detail = f"{len(built)} of {len(steps)} steps built" + (f"; {part_built} part-built" if in_flight else "")
         return RowStatus(row, RESUMABLE, detail + needs, left, first)
     return RowStatus(row, NOT_STARTED, f"{len(steps)} steps" + needs, left, first)
+
+
+def versions_changed(record: dict, plan: Plan) -> list[str]:
+    """The steps the record measured at a version this plan does not give: the code or a config
+    changed since, or this CPU resolves another precision (`auto`: bf16 where avx512_bf16 is). The
+    record stands; a rebuild here would make other artifacts."""
+    return [name for name, version in (record.get("versions") or {}).items()
+            if name not in plan or plan.planned_version(name) != version]
 
 
 def _part_built(step: str, progress: TrainingProgress | None) -> str:
