@@ -91,9 +91,14 @@ def test_a_study_that_names_a_missing_row_or_a_row_twice_is_refused(tmp_path):
         load_study("no-such-study")
 
 
-def test_tables_come_from_the_records_alone(tmp_path):
+def test_tables_come_from_the_records_alone(tmp_path, monkeypatch):
     """No artifact root anywhere: the records and their question list give the metrics, the
     paired bootstrap interval and the bars."""
+    import tasks.evaluation.bootstrap as bootstrap
+
+    resampled = []
+    real = bootstrap.paired_bootstrap
+    monkeypatch.setattr(bootstrap, "paired_bootstrap", lambda *a, **kw: resampled.append(1) or real(*a, **kw))
     study = _study_folder(
         tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1}, {"name": "b", "stage": "bm25_search", "priority": 1},
                    {"name": "c", "stage": "bm25_search", "priority": 2}, {"name": "d", "stage": "bm25_search", "priority": 2}],
@@ -114,7 +119,9 @@ def test_tables_come_from_the_records_alone(tmp_path):
     assert results.score("a", 1) == 75.0 and results.score("b", 1) == 25.0 and results.score("b", 5) == 75.0
     r = compare(results, "a", "b", 1, samples=2000)
     assert r["difference"] == pytest.approx(0.5) and 0 < r["low"] < 0.5 < r["high"]
+    resampled.clear()
     text = study_tables(study, samples=2000)
+    assert len(resampled) == 5   # a-b, b-a, d-a, d-b, a-d: a pair a bar shares with a claim is resampled once
     assert "| P1 | a beats b | top-1 75.0 vs 25.0 (a vs b) | [+" in text and "| yes | batch 16 (paper: 2,048) |" in text
     assert "| P2 | a beats c | not measured: c | - | - | - |" in text   # no setting given
     assert "| P3 | b beats a | top-1 25.0 vs 75.0 (b vs a) | [-" in text and "| no: B is better |" in text

@@ -29,6 +29,9 @@ class Results:
         self.records = read_records(study.folder) if records is None else records
         self.outcomes = {name: outcomes_by_split(r, study.folder) for name, r in self.records.items()
                          if r.get("kind", "runs") == "runs"}
+        # (a, b, k, samples, seed) -> compare's result: a claim in two papers' tables and a bar
+        # naming a claim's pair show one bootstrap, computed once
+        self.compared: dict[tuple, dict] = {}
 
     def measure(self, row: str) -> str:
         return self.records[row]["outcomes"]["measure"]
@@ -67,7 +70,15 @@ def systems_table(results: Results) -> list[str]:
 
 def compare(results: Results, a: str, b: str, k: int, samples: int, seed: int = 0) -> dict:
     """A minus B in points over the test questions both were measured on, with its paired
-    bootstrap interval (tasks.evaluation.bootstrap, the evaluate stage's)."""
+    bootstrap interval (tasks.evaluation.bootstrap, the evaluate stage's), computed once per
+    `results`."""
+    key = (a, b, k, samples, seed)
+    if key not in results.compared:
+        results.compared[key] = _bootstrap(results, a, b, k, samples, seed)
+    return dict(results.compared[key])
+
+
+def _bootstrap(results: Results, a: str, b: str, k: int, samples: int, seed: int) -> dict:
     from tasks.evaluation.bootstrap import paired_bootstrap
 
     va, vb = results.test(a), results.test(b)
