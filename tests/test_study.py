@@ -137,6 +137,48 @@ def test_tables_come_from_the_records_alone(tmp_path, monkeypatch):
     assert study_tables(study, samples=2000) == text   # the same records give the same tables
 
 
+def test_the_claims_across_seeds_table_sets_each_claims_seeds_side_by_side(tmp_path):
+    from flows.study.definition import seed_groups
+    from flows.study.tables import verdicts_table
+
+    names = ["a-s1", "b-s1", "a-s2", "b-s2", "c-s1", "nf:adapt", "nf:adapt-s2", "nf:zero"]
+    study = _study_folder(
+        tmp_path, [{"name": n, "stage": "bm25_search", "priority": 1} for n in names],
+        claims=[{"paper": "P1", "claim": "a beats b", "a": "a-s1", "b": "b-s1", "k": 1},
+                {"paper": "P1", "claim": "a beats b at top-5", "a": "a-s1", "b": "b-s1", "k": 5},
+                {"paper": "P1", "claim": "a beats b (seed 2)", "a": "a-s2", "b": "b-s2", "k": 1},
+                {"paper": "P2", "claim": "adapting beats zero-shot", "a": "nf:adapt", "b": "nf:zero", "k": 1},
+                {"paper": "P2", "claim": "adapting beats zero-shot (seed 2)", "a": "nf:adapt-s2", "b": "nf:zero", "k": 1},
+                {"paper": "P3", "claim": "c beats b", "a": "c-s1", "b": "b-s1", "k": 1}])
+    groups = seed_groups(study.claims)
+    assert [{seed: c.claim for seed, c in g.items()} for g in groups] == [
+        {1: "a beats b", 2: "a beats b (seed 2)"}, {1: "a beats b at top-5"},
+        {1: "adapting beats zero-shot", 2: "adapting beats zero-shot (seed 2)"}, {1: "c beats b"}]
+    _runs_record(study, "a-s1", [1] * 30 + [3] * 10)
+    _runs_record(study, "b-s1", [1] * 10 + [5] * 20 + [None] * 10)
+    _runs_record(study, "a-s2", [1] * 30 + [3] * 10)
+    _runs_record(study, "b-s2", [1] * 30 + [3] * 10)   # seed 2: no difference at all
+    _runs_record(study, "nf:zero", [1] * 30 + [3] * 10)
+    _runs_record(study, "nf:adapt", [1] * 10 + [5] * 30)
+    _runs_record(study, "nf:adapt-s2", [1] * 12 + [5] * 28)
+    lines = verdicts_table(Results(study), samples=2000)
+    assert lines[0] == "| paper | claim | seed 1 | seed 2 | across seeds |"
+    by_claim = {line.split(" | ")[1]: line for line in lines[2:]}
+    assert by_claim["a beats b"].startswith("| P1 | a beats b | top-1 +50.0 [+")
+    assert "| top-1 +0.0 [+0.0, +0.0] | reproduced at 1 of 2 seeds |" in by_claim["a beats b"]
+    assert "| top-5 +25.0 [+" in by_claim["a beats b at top-5"]   # a: 40 of 40 in the top 5; b: 30
+    assert by_claim["a beats b at top-5"].endswith("| (one seed) | reproduced (one seed) |")
+    assert by_claim["adapting beats zero-shot"].endswith("| no: B is better at both seeds |")
+    assert by_claim["c beats b"] == "| P3 | c beats b | not measured: c-s1 | (one seed) | - |"
+    _runs_record(study, "b-s2", [1] * 10 + [5] * 20 + [None] * 10)
+    again = {line.split(" | ")[1]: line for line in verdicts_table(Results(study), samples=2000)[2:]}
+    assert again["a beats b"].endswith("| reproduced at both seeds |")
+    from flows.study.tables import _across
+    assert _across({1: ("", "yes"), 2: ("", "no, B is")}) == "reproduced at 1 of 2 seeds; B better at 1 of 2"
+    assert _across({1: ("", "not shown"), 2: ("", "no, B is"), 3: ("", "not shown")}) == "B better at 1 of 3"
+    assert _across({1: ("", "not shown"), 2: ("", "not shown"), 3: ("", "not shown")}) == "reproduced at none of 3 seeds"
+
+
 def test_the_stage_times_table_names_another_configs_step_by_its_config(tmp_path):
     from flows.study.tables import stage_times_table
 

@@ -2,6 +2,7 @@
 and the config whose plan holds that step, in priority order."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -12,6 +13,7 @@ from tasks.config import PROJECT_ROOT
 from tasks.stage_refs import is_config_reference, split_config_reference
 
 STUDIES = PROJECT_ROOT / "studies"
+SEED_SUFFIX = re.compile(r"-s(\d+)\b")   # a training row's seed in its name: gold-s2, adapt-dpr-s2
 
 
 class Row(BaseModel):
@@ -41,6 +43,23 @@ class Claim(BaseModel):
     row: Optional[str] = None
     setting: Optional[str] = Field(None, description="where the rows differ from the paper's setting (the CPU's size, "
                                                      "another model), with the paper's in brackets")
+
+
+def seed_of(claim: Claim) -> int:
+    """The seed a claim's rows were trained at: the highest `-sN` in their names, 1 where none says."""
+    return max([int(n) for name in (claim.a, claim.b) if name for n in SEED_SUFFIX.findall(name)], default=1)
+
+
+def seed_groups(claims: list[Claim]) -> list[dict[int, Claim]]:
+    """The claims that differ only in their rows' seeds (`silver-s1 vs gold-s1` and `silver-s2 vs
+    gold-s2` at the same k in the same paper), each group as seed -> claim, in the order the
+    first of each appears; a classifier's claim and a claim of unseeded rows stand alone."""
+    groups: dict[tuple, dict[int, Claim]] = {}
+    for index, claim in enumerate(claims):
+        key = ((claim.paper, SEED_SUFFIX.sub("", claim.a), SEED_SUFFIX.sub("", claim.b or ""), claim.k)
+               if claim.a else (index,))
+        groups.setdefault(key, {}).setdefault(seed_of(claim), claim)
+    return list(groups.values())
 
 
 class Bar(BaseModel):

@@ -10,16 +10,14 @@ reads) is priced by that very build (its version), else by that config's step. A
 measured is unknown, not guessed."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
+from flows.study.definition import SEED_SUFFIX
 from flows.study.records import step_label
 
 if TYPE_CHECKING:
     from tasks.training.checkpoints import TrainingProgress
-
-SEED_SUFFIX = re.compile(r"-s(\d+)\b")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from flows.study.definition import Bar, Claim, Study
+from flows.study.definition import Bar, Claim, Study, seed_groups
 from flows.study.records import RANK, outcomes_by_split, read_records, step_label
 
 SPLIT = "test"
@@ -118,19 +118,79 @@ def _reproduced(verdict: str) -> str:
 
 
 def _classifier_line(claim: Claim, record: dict | None) -> str:
+    measured = classifier_outcome(record)
+    if measured is None:
+        return f"| {claim.paper} | {claim.claim} | not measured: {claim.row} | - | - |"
+    here, reproduced = measured
+    return f"| {claim.paper} | {claim.claim} | {here} | - | {'yes' if reproduced else 'no'} |"
+
+
+def classifier_outcome(record: dict | None) -> tuple[str, bool] | None:
+    """A classifier record's table 2 against the dual encoder's, and whether it beats it on both
+    F1 and AUC; None: not measured."""
     rows = ((record or {}).get("details") or {}).get("report") or []
     by = {r["model"].split(" ")[0]: r for r in rows}
     if "cross-attention" not in by or "dual" not in by:
-        return f"| {claim.paper} | {claim.claim} | not measured: {claim.row} | - | - |"
+        return None
     ce, de = by["cross-attention"], by["dual"]
     here = f"F1 {100 * ce['f1']:.1f} vs {100 * de['f1']:.1f}; AUC {100 * ce['auc']:.1f} vs {100 * de['auc']:.1f}"
-    return f"| {claim.paper} | {claim.claim} | {here} | - | {'yes' if ce['f1'] > de['f1'] and ce['auc'] > de['auc'] else 'no'} |"
+    return here, ce["f1"] > de["f1"] and ce["auc"] > de["auc"]
 
 
 def reproduction_table(results: Results, samples: int, claims: list[Claim] | None = None) -> list[str]:
     return (["| paper | claim | here (A vs B, test split) | 95% interval of A - B | reproduced? | setting here (the paper's) |",
              "|---|---|---|---|---|---|"] + [claim_line(results, c, samples)
                                          for c in (results.study.claims if claims is None else claims)])
+
+
+def verdicts_table(results: Results, samples: int) -> list[str]:
+    """One line per claim with its seeds side by side: each seed's A - B and interval (the
+    reproduction table's), and what they say together: reproduced at every seed, at some, at
+    neither, or B better at every seed; "-" while a seed is not measured. A claim the study makes
+    at one seed (a reranking, a fusion) says so."""
+    groups = seed_groups(results.study.claims)
+    seeds = sorted({seed for group in groups for seed in group})
+    lines = [f"| paper | claim | {' | '.join(f'seed {s}' for s in seeds)} | across seeds |",
+             "|---|---|" + "---|" * (len(seeds) + 1)]
+    for group in groups:
+        first = group[min(group)]
+        outcomes = {seed: _seed_outcome(results, claim, samples) for seed, claim in group.items()}
+        cells = [outcomes[s][0] if s in group else "(one seed)" for s in seeds]
+        lines.append(f"| {first.paper} | {first.claim} | {' | '.join(cells)} | {_across(outcomes)} |")
+    return lines
+
+
+def _seed_outcome(results: Results, claim: Claim, samples: int) -> tuple[str, str | None]:
+    """(the cell, the verdict: "yes", "no, B is", "not shown"; None: not measured)."""
+    from tasks.evaluation.bootstrap import verdict
+
+    if claim.row is not None:
+        measured = classifier_outcome(results.records.get(claim.row))
+        return ("not measured", None) if measured is None else (measured[0], "yes" if measured[1] else "not shown")
+    missing = [n for n in (claim.a, claim.b) if results.test(n) is None]
+    if missing:
+        return f"not measured: {', '.join(missing)}", None
+    r = compare(results, claim.a, claim.b, claim.k, samples)
+    return (f"{_metric(results, claim.a, claim.k)} {100 * r['difference']:+.1f} "
+            f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]", verdict(r))
+
+
+def _across(outcomes: dict[int, tuple[str, str | None]]) -> str:
+    verdicts = [v for _, v in outcomes.values()]
+    if None in verdicts:
+        return "-"
+    n, shown, against = len(verdicts), verdicts.count("yes"), verdicts.count("no, B is")
+    if n == 1:
+        return {"yes": "reproduced", "no, B is": "no: B is better", "not shown": "not reproduced"}[verdicts[0]] + " (one seed)"
+    every = "both seeds" if n == 2 else f"all {n} seeds"
+    if shown == n:
+        return f"reproduced at {every}"
+    if against == n:
+        return f"no: B is better at {every}"
+    if not shown and not against:
+        return "reproduced at neither seed" if n == 2 else f"reproduced at none of {n} seeds"
+    said = [f"reproduced at {shown} of {n} seeds"] if shown else []
+    return "; ".join(said + ([f"B better at {against} of {n}"] if against else []))
 
 
 def papers_of(claim: Claim) -> list[str]:
@@ -240,6 +300,7 @@ def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] |
                f"Regenerate: `pforge study tables {study.name}`.")
     extra = other_rows(results) or ["- none measured yet"]
     out = [f"# Study {study.name}: every table from its records", "", *included("summary", [summary]), "",
+           "## Claims across seeds", "", *included("verdicts", verdicts_table(results, samples)), "",
            "## Reproduction", "", *included("reproduction", reproduction_table(results, samples)), "",
            "## Reproduction by paper", "", *paper_tables(results, samples),
            "## Bars", "", *included("bars", bars_table(results, samples)), "",
