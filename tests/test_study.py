@@ -173,6 +173,14 @@ def test_the_claims_across_seeds_table_sets_each_claims_seeds_side_by_side(tmp_p
     _runs_record(study, "b-s2", [1] * 10 + [5] * 20 + [None] * 10)
     again = {line.split(" | ")[1]: line for line in verdicts_table(Results(study), samples=2000)[2:]}
     assert again["a beats b"].endswith("| reproduced at both seeds |")
+    assert "bf16" not in "\n".join(again.values())   # no model steps in these records: no precision to tell
+    # A trained on a CPU with bf16 units, B on one without: `auto` ran them at different precisions.
+    trained = [{"step": "train:x", "version": "v", "build_s": 60.0}]
+    _runs_record(study, "a-s2", [1] * 30 + [3] * 10, machine={**ZEN5, "flags": ["avx2", "avx512_bf16"]}, stages=trained)
+    _runs_record(study, "b-s2", [1] * 10 + [5] * 20 + [None] * 10, machine={**ZEN3, "flags": ["avx2"]}, stages=trained)
+    text = study_tables(study, samples=500)
+    assert "| top-1 +50.0 [+" in text and "], bf16 vs fp32 | reproduced at both seeds |" in text
+    assert "(a-s2 vs b-s2, bf16 vs fp32) |" in text
     from flows.study.tables import _across
     assert _across({1: ("", "yes"), 2: ("", "no, B is")}) == "reproduced at 1 of 2 seeds; B better at 1 of 2"
     assert _across({1: ("", "not shown"), 2: ("", "no, B is"), 3: ("", "not shown")}) == "B better at 1 of 3"
@@ -395,6 +403,25 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert "bm25_index" in again["versions"] and "bm25_index" not in {s["step"] for s in again["stages"]}
     assert "bm25_search" not in {s["step"] for s in again["stages"]}   # imported: built, and timed, elsewhere
     assert again["outcomes"] == record["outcomes"]
+    # --again: a record at other versions than this plan gives is measured here once more and replaced.
+    from flows.study.runner import Again
+
+    write_record(study.folder, {**again, "versions": {**again["versions"], "chunk": "0" * 16},
+                                "machine": ZEN3, "recorded_at": "2026-01-01T00:00:00+00:00"})
+    said.clear()
+    assert run_study(study, fresh, 600, machine, repo=None, say=said.append) == []   # without --again: it stands
+    assert run_study(study, fresh, 600, machine, repo=checkout, rows=[Again("bm25"), "bm25-second"],
+                     say=said.append) == ["bm25"]
+    assert f"study: bm25: measured again here: 1 of {len(again['versions'])} steps of its record are at other " \
+           "versions than this plan gives" in said
+    replaced = read_records(study.folder)["bm25"]
+    assert replaced["versions"] == again["versions"] and replaced["machine"]["key"] == machine["key"]
+    assert replaced["replaces"]["machine"] == ZEN3["key"] and replaced["replaces"]["recorded_at"].startswith("2026-01-01")
+    assert "Study record: bm25 (measured again) (mini;" in subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%s"], capture_output=True, text=True, check=True).stdout
+    said.clear()
+    assert run_study(study, fresh, 600, machine, repo=None, rows=[Again("bm25")], say=said.append) == []
+    assert "study: bm25: its record is at this plan's versions; not measured again" in said
 
 
 def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committed(repo, shared_data,
@@ -557,6 +584,22 @@ def test_study_status_and_tables_from_the_command_line(repo, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flows.cli", "study", "run", "--budget", "soon"], capture_output=True,
                          text=True, cwd=PROJECT_ROOT)
     assert bad.returncode == 2 and "a duration such as 150m" in bad.stderr
+
+
+def test_again_rows_keep_their_place_among_the_rows_and_reach_the_background_runner(tmp_path):
+    import argparse
+
+    from flows.study.cli import add_parser, background_argv
+    from flows.study.runner import Again
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["study", "run", "--budget", "10m", "--row", "a", "--again", "nf:b", "--row", "c"])
+    assert args.row == ["a", "nf:b", "c"] and [isinstance(n, Again) for n in args.row] == [False, True, False]
+    study = _study_folder(tmp_path, [{"name": n, "stage": "bm25_search", "priority": 1} for n in ("a", "nf:b", "c")])
+    argv = background_argv(args, tmp_path / "root", study, 2)
+    assert argv[-3:] == ["--row=a", "--again=nf:b", "--row=c"]
+    assert parser.parse_args(argv[argv.index("study"):]).row == args.row
 
 
 def test_counts_print_in_full_and_ratios_to_four_digits():

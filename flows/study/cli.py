@@ -31,6 +31,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                          "commit each row's record as it lands")
     run.add_argument("--budget", type=parse_duration, required=True, help="wall time to spend, e.g. 150m or 2h30m")
     run.add_argument("--row", action="append", help="only this row (repeatable)")
+    run.add_argument("--again", action="append", dest="row", type=_again, metavar="ROW",
+                     help="this row too, measured again here where its record is at other versions than this "
+                          "plan gives (another CPU's precision, older code); its record is replaced (repeatable, "
+                          "in order with --row)")
     run.add_argument("--background", action="store_true", help="detach: print the pid and the log's path, return")
     run.add_argument("--no-commit", action="store_true", help="write the records, commit nothing")
     tables = actions.add_parser("tables", help="every table of the study from its records alone (Markdown)")
@@ -44,6 +48,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action.add_argument("--root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)   # before or after the action
         action.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return study
+
+
+def _again(name: str):
+    from flows.study.runner import Again
+
+    return Again(name)
 
 
 def study_root(cli_root: str | None, study) -> Path:
@@ -61,6 +71,16 @@ def _study(args):
     if args.records_into is None:
         return load_study(args.study)
     return load_study(args.records_into.expanduser().resolve() / "studies" / args.study / "study.yaml")
+
+
+def background_argv(args, root: Path, study, threads: int) -> list[str]:
+    """The detached runner's own command line: this one's, its rows (and `--again` rows) in order."""
+    from flows.study.runner import Again
+
+    argv = ["--root", str(root), "study", "run", args.study, "--budget", f"{args.budget:.0f}s",
+            "--threads", str(threads), "--records-into", str(study.folder.parents[1])]
+    argv += [f"--{'again' if isinstance(name, Again) else 'row'}={name}" for name in args.row or []]
+    return argv + (["--no-commit"] if args.no_commit else [])
 
 
 def _threads(args) -> int:
@@ -96,12 +116,9 @@ def study_command(args) -> int:
         return 0
     if args.background:
         from flows.study.runner import background
-
-        argv = ["--root", str(root), "study", "run", args.study, "--budget", f"{args.budget:.0f}s",
-                "--threads", str(_threads(args)), "--records-into", str(study.folder.parents[1])]
-        argv += [f"--row={name}" for name in args.row or []] + (["--no-commit"] if args.no_commit else [])
         from flows.study.status import log_dir
 
+        argv = background_argv(args, root, study, _threads(args))
         log = log_dir(root) / "runner.log"
         pid = background(argv, log)
         print(f"study {study.name}: running in the background (pid {pid}); log {log}")

@@ -59,3 +59,9 @@ def sgemm_gflops(threads: int, size: int = PROBE_SIZE, repeat: int = 5) -> float
 def this_machine(threads: int) -> dict:
     """describe_cpu() of this machine, with the thread count the study runs at and its probe."""
     return {**describe_cpu(), "threads": threads, "sgemm_gflops": sgemm_gflops(threads)}
+
+
+def auto_precision(machine: dict) -> str:
+    """What `auto` trains and encodes in on a record's machine: bf16 where the CPU has bf16 units
+    (models.cpu_features.has_bf16_units' rule, read from the flags the record keeps), else fp32."""
+    return "bf16" if {"amx_bf16", "avx512_bf16"} & set(machine.get("flags") or ()) else "fp32"

@@ -6,7 +6,9 @@ as a row has built them, recorded or not), so a machine that goes away loses onl
 flight. A row priced above what is left of the budget is passed over for a later, cheaper one, and
 advanced with what is left once no row fits; a row nobody has measured yet (priced "unknown") is
 run, and measures itself. A row whose config reads a model of another config's run
-(`other.yaml:STAGE`) that the root lacks has that config run up to that stage first."""
+(`other.yaml:STAGE`) that the root lacks has that config run up to that stage first. A row named
+with `--again` whose record was measured at other versions than this plan gives (another CPU's
+precision, older code) is built here and its record replaced, naming the one it replaces."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +24,7 @@ from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
 from flows.study.records import code_commit, file_safe, read_records, write_record
 from flows.study.status import (BUILT, MEASURED, Plans, RowStatus, log_dir, not_recorded_note, open_store,
-                                row_status)
+                                row_status, versions_changed)
 from storage.atomic import atomic_write_text
 from tasks.config import PROJECT_ROOT
 
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("passage_forge")
 STOP_GRACE_S = 120.0   # a stopped run writes its last checkpoint and stops its Prefect server
 ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (start-up would eat it)
+
+
+class Again(str):
+    """A row name given with `--again`: measured once more where its record's versions are not
+    this plan's (the order of `--row` and `--again` names on the command line is kept)."""
 
 
 def pipeline_command(study: Study, row: Row, root: Path) -> list[str]:
@@ -83,10 +90,15 @@ def commit_records(repo: Path, paths: list[Path], message: str, attempts: int = 
 
 def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, commit: dict,
                repo: Path | None) -> Path:
-    """Measures a built row, writes its record (and its question list) and commits them in `repo`."""
+    """Measures a built row, writes its record (and its question list) and commits them in `repo`;
+    a record it replaces is named in the new one (`replaces`: when, where, at which commit)."""
     store = open_store(root)
     references = [(reference, plans.of(reference.config)) for reference in plans.references(row)]
     record = {**measure_row(study, row, plans(row), store, references), **commit, "machine": machine, "root": str(root)}
+    previous = read_records(study.folder).get(row.name)
+    if previous is not None:
+        record["replaces"] = {"recorded_at": previous.get("recorded_at"), "commit": previous.get("commit"),
+                              "machine": (previous.get("machine") or {}).get("key"), "version": previous.get("version")}
     path = write_record(study.folder, record)
     files = [path, *export_shared(study, plans, root)]
     questions = record.get("outcomes", {}).get("questions")
@@ -100,8 +112,8 @@ def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, 
         atomic_write_text(tables, study_tables(current))
         files.append(tables)
     if repo is not None:
-        cpu = machine.get("key", "?")
-        commit_records(repo, files, f"Study record: {row.name} ({study.name}; {cpu}, commit {str(commit['commit'])[:10]})")
+        cpu, again = machine.get("key", "?"), " (measured again)" if previous is not None else ""
+        commit_records(repo, files, f"Study record: {row.name}{again} ({study.name}; {cpu}, commit {str(commit['commit'])[:10]})")
     return path
 
 
@@ -211,11 +223,27 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         say(f"study: {row.name}: recorded {path}")
         return True
 
+    def status_of(row: Row, again: bool) -> RowStatus:
+        """The row's status; with `again`, as if unrecorded where its record is at other versions."""
+        records = read_records(study.folder)
+        record = records.get(row.name)
+        if again and record is not None and versions_changed(record, plans(row)):
+            records = {name: r for name, r in records.items() if name != row.name}
+        return row_status(row, plans, open_store(root), records, machine)
+
+    again = {name for name in rows or [] if isinstance(name, Again)}
+    for name in again:
+        record = read_records(study.folder).get(name)
+        if record is not None:
+            changed = versions_changed(record, plans(study.row(name)))
+            say(f"study: {name}: measured again here: {len(changed)} of {len(record.get('versions') or {})} steps of its "
+                f"record are at other versions than this plan gives" if changed else
+                f"study: {name}: its record is at this plan's versions; not measured again")
     for row in [study.row(name) for name in rows] if rows else study.ordered():
         left = deadline - time.monotonic()
         if left <= 0:
             return recorded
-        status = row_status(row, plans, open_store(root), read_records(study.folder), machine)
+        status = status_of(row, row.name in again)
         if status.state == MEASURED:
             continue
         price = status.seconds_left
@@ -233,7 +261,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         if left < ADVANCE_MIN_S:
             break
         say(f"study: {row.name}: nothing else fits; advancing it with the {format_duration(left)} left")
-        if not build(row, row_status(row, plans, open_store(root), read_records(study.folder), machine)):
+        if not build(row, status_of(row, row.name in again)):
             break
     return recorded
 

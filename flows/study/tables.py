@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 
 from flows.study.definition import Bar, Claim, Study, seed_groups
+from flows.study.machine import auto_precision
 from flows.study.records import RANK, outcomes_by_split, read_records, step_label
 
 SPLIT = "test"
 TOP_KS = (1, 5, 20, 100)
+MODEL_STEPS = ("train", "encode", "pretrain", "cross_encoder", "rerank")   # the steps `auto` precision runs
 
 
 def hit_at(value, k: int) -> float:
@@ -45,6 +47,21 @@ class Results:
         if not values:
             return None
         return 100 * sum(score_of(self.measure(row), v, k) for v in values.values()) / len(values)
+
+
+def precision_of(record: dict) -> str | None:
+    """The precision a record's model steps ran at under `auto` (its machine's: bf16 with bf16
+    units, else fp32); None for a row without a model (BM25)."""
+    if not any(step_label(s).split(":")[0] in MODEL_STEPS for s in record.get("stages", [])):
+        return None
+    return auto_precision(record.get("machine") or {})
+
+
+def precisions_differ(results: Results, a: str, b: str) -> str:
+    """", bf16 vs fp32" where A's and B's models ran at different precisions (records of CPUs with
+    and without bf16 units): the difference of A and B then holds that of the precisions too."""
+    pa, pb = (precision_of(results.records[n]) for n in (a, b))
+    return f", {pa} vs {pb}" if pa and pb and pa != pb else ""
 
 
 def where(record: dict) -> str:
@@ -106,7 +123,8 @@ def claim_cells(results: Results, claim: Claim, samples: int) -> str:
     r = compare(results, claim.a, claim.b, claim.k, samples)
     what = _metric(results, claim.a, claim.k)
     return (f"| {claim.paper} | {claim.claim} | {what} {100 * r['a']:.1f} vs {100 * r['b']:.1f} ({claim.a} vs "
-            f"{claim.b}) | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {_reproduced(verdict(r))} |")
+            f"{claim.b}{precisions_differ(results, claim.a, claim.b)}) | [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | "
+            f"{_reproduced(verdict(r))} |")
 
 
 def _metric(results: Results, row: str, k: int) -> str:
@@ -172,7 +190,7 @@ def _seed_outcome(results: Results, claim: Claim, samples: int) -> tuple[str, st
         return f"not measured: {', '.join(missing)}", None
     r = compare(results, claim.a, claim.b, claim.k, samples)
     return (f"{_metric(results, claim.a, claim.k)} {100 * r['difference']:+.1f} "
-            f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]", verdict(r))
+            f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]{precisions_differ(results, claim.a, claim.b)}", verdict(r))
 
 
 def _across(outcomes: dict[int, tuple[str, str | None]]) -> str:
@@ -235,7 +253,7 @@ def _beats_line(results: Results, bar: Bar, samples: int) -> str:
         r = compare(results, a, b, bar.k, samples)
         shown.append(verdict(r) == "yes")
         cells.append(f"{a} vs {b}: {_metric(results, a, bar.k)} {100 * r['a']:.1f} vs {100 * r['b']:.1f}, "
-                     f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]")
+                     f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]{precisions_differ(results, a, b)}")
     if missing:
         cells.append(f"not measured: {', '.join(dict.fromkeys(missing))}")
     met = "not met" if not all(shown) else ("-" if missing else "met")
