@@ -181,6 +181,7 @@ def test_the_claims_across_seeds_table_sets_each_claims_seeds_side_by_side(tmp_p
     text = study_tables(study, samples=500)
     assert "| top-1 +50.0 [+" in text and "], bf16 vs fp32 | reproduced at both seeds |" in text
     assert "(a-s2 vs b-s2, bf16 vs fp32) |" in text
+    assert "| a-s2 | 40 | 75.0 | 100.0 | 100.0 | 100.0 | - | AMD EPYC (family 26 model 2), 2 threads, bf16; commit " in text
     from flows.study.tables import _across
     assert _across({1: ("", "yes"), 2: ("", "no, B is")}) == "reproduced at 1 of 2 seeds; B better at 1 of 2"
     assert _across({1: ("", "not shown"), 2: ("", "no, B is"), 3: ("", "not shown")}) == "B better at 1 of 3"
@@ -384,7 +385,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     changed = {**record, "versions": {**record["versions"], "chunk": "0" * 16, "a-step-gone": "1" * 16}}
     detail = study_status(study, root, {**records, "bm25": changed}, machine)[0].detail
     assert detail.endswith(f"; 2 of {len(changed['versions'])} steps at other versions than this plan gives "
-                           "(chunk, a-step-gone)")
+                           "(chunk, a-step-gone; `--again` measures it here)")
     assert "top-1" in study_tables(study, samples=200)
     # The shared step travels with the repository: exported, committed, and imported by a new machine.
     assert f"studies/mini/shared/bm25_runs-{record['version']}.tar.gz" in log

@@ -112,7 +112,7 @@ def row_status(row: Row, plans: Plans, store: ArtifactStore | None, records: dic
         commit = (record.get("commit") or "?")[:10]
         versions, other = record.get("versions") or {}, versions_changed(record, plan)
         at_other = (f"; {len(other)} of {len(versions)} steps at other versions than this plan gives ({', '.join(other[:3])}"
-                    f"{', ...' if len(other) > 3 else ''})") if other else ""
+                    f"{', ...' if len(other) > 3 else ''}; `--again` measures it here)") if other else ""
         return RowStatus(row, MEASURED, f"{record.get('recorded_at', '?')[:10]}, {origin}, commit {commit}{at_other}", [])
     own = steps_run_here(plan, store, row)
     first = tuple(references_needed(plan, plans.references(row), store, own))

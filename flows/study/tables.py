@@ -65,9 +65,10 @@ def precisions_differ(results: Results, a: str, b: str) -> str:
 
 
 def where(record: dict) -> str:
-    machine = record.get("machine") or {}
+    """The CPU, threads, the precision its models ran at (none for BM25) and the commit."""
+    machine, precision = record.get("machine") or {}, precision_of(record)
     commit = f"commit {record['commit'][:10]}" if record.get("commit") else "commit not recorded"
-    return f"{machine.get('key', '?')}, {machine.get('threads', '?')} threads; {commit}"
+    return f"{machine.get('key', '?')}, {machine.get('threads', '?')} threads{', ' + precision if precision else ''}; {commit}"
 
 
 def systems_table(results: Results) -> list[str]:
