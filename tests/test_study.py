@@ -211,6 +211,8 @@ def test_each_paper_gets_its_own_reproduction_table_to_include_and_a_joint_claim
     assert "a beats b |" in sections["001"] and "a beats b again" in sections["001"] and "b beats a" not in sections["001"]
     assert "b beats a" in sections["003"] and "a beats b again" in sections["003"] and "a beats b |" not in sections["003"]
     assert all(body.count("| paper | claim |") == 1 for body in sections.values())   # each a whole table
+    seeds = text.split("[start:paper-003-seeds] -->")[1].split("<!-- --8<-- [end:paper-003-seeds]")[0]
+    assert "b beats a" in seeds and "a beats b again" in seeds and "a beats b |" not in seeds
     assert "[start:paper-P" not in text
 
 

@@ -162,12 +162,12 @@ def reproduction_table(results: Results, samples: int, claims: list[Claim] | Non
                                          for c in (results.study.claims if claims is None else claims)])
 
 
-def verdicts_table(results: Results, samples: int) -> list[str]:
+def verdicts_table(results: Results, samples: int, claims: list[Claim] | None = None) -> list[str]:
     """One line per claim with its seeds side by side: each seed's A - B and interval (the
     reproduction table's), and what they say together: reproduced at every seed, at some, at
     neither, or B better at every seed; "-" while a seed is not measured. A claim the study makes
     at one seed (a reranking, a fusion) says so."""
-    groups = seed_groups(results.study.claims)
+    groups = seed_groups(results.study.claims if claims is None else claims)
     seeds = sorted({seed for group in groups for seed in group})
     lines = [f"| paper | claim | {' | '.join(f'seed {s}' for s in seeds)} | across seeds |",
              "|---|---|" + "---|" * (len(seeds) + 1)]
@@ -218,13 +218,14 @@ def papers_of(claim: Claim) -> list[str]:
 
 
 def paper_tables(results: Results, samples: int) -> list[str]:
-    """The reproduction table once per paper, each between the markers its paper page includes
-    (`study_cpu.md:paper-003`)."""
+    """The reproduction table once per paper, and its claims across seeds, each between the
+    markers its paper page includes (`study_cpu.md:paper-003`, `study_cpu.md:paper-003-seeds`)."""
     papers = sorted({paper for claim in results.study.claims for paper in papers_of(claim)})
     out = []
     for paper in papers:
         claims = [c for c in results.study.claims if paper in papers_of(c)]
-        out += [f"### Paper {paper}", "", *included(f"paper-{paper}", reproduction_table(results, samples, claims)), ""]
+        out += [f"### Paper {paper}", "", *included(f"paper-{paper}", reproduction_table(results, samples, claims)), "",
+                *included(f"paper-{paper}-seeds", verdicts_table(results, samples, claims)), ""]
     return out
 
 
