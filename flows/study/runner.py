@@ -231,7 +231,7 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
             records = {name: r for name, r in records.items() if name != row.name}
         return row_status(row, plans, open_store(root), records, machine)
 
-    again = {name for name in rows or [] if isinstance(name, Again)}
+    again = list(dict.fromkeys(name for name in rows or [] if isinstance(name, Again)))   # in command-line order
     for name in again:
         record = read_records(study.folder).get(name)
         if record is not None:
