@@ -35,9 +35,12 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+BF16_UNIT_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})   # AMX tiles, AVX-512's bf16 dot product (vdpbf16ps)
+
+
 def has_bf16_units() -> bool:
     """bf16 products in hardware: AMX tiles, or AVX-512's bf16 dot product (vdpbf16ps)."""
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    return bool(BF16_UNIT_FLAGS & cpu_flags())
 
 
 def auto_bf16(device: str) -> bool:

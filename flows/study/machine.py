@@ -64,4 +64,6 @@ def this_machine(threads: int) -> dict:
 def auto_precision(machine: dict) -> str:
     """What `auto` trains and encodes in on a record's machine: bf16 where the CPU has bf16 units
     (models.cpu_features.has_bf16_units' rule, read from the flags the record keeps), else fp32."""
-    return "bf16" if {"amx_bf16", "avx512_bf16"} & set(machine.get("flags") or ()) else "fp32"
+    from models.cpu_features import BF16_UNIT_FLAGS
+
+    return "bf16" if BF16_UNIT_FLAGS & set(machine.get("flags") or ()) else "fp32"

@@ -232,8 +232,9 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         return row_status(row, plans, open_store(root), records, machine)
 
     again = list(dict.fromkeys(name for name in rows or [] if isinstance(name, Again)))   # in command-line order
+    records = read_records(study.folder) if again else {}
     for name in again:
-        record = read_records(study.folder).get(name)
+        record = records.get(name)
         if record is not None:
             changed = versions_changed(record, plans(study.row(name)))
             say(f"study: {name}: measured again here: {len(changed)} of {len(record.get('versions') or {})} steps of its "
