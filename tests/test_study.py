@@ -361,7 +361,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     root = tmp_path_factory.mktemp("root")
     machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
     said = []
-    recorded = run_study(study, root, 600, machine, repo=checkout, say=said.append)
+    recorded = run_study(study, root, 1800, machine, repo=checkout, say=said.append)
     assert recorded == ["bm25", "bm25-second"]   # the second is the same artifact: measured, not rebuilt
     records = read_records(study.folder)
     record = records["bm25"]
@@ -393,7 +393,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert f"studies/mini/shared/bm25_runs-{record['version']}.tar.gz" in log
     fresh = tmp_path_factory.mktemp("fresh-root")
     said.clear()
-    assert run_study(study, fresh, 600, machine, repo=checkout, say=said.append) == []
+    assert run_study(study, fresh, 1800, machine, repo=checkout, say=said.append) == []
     assert f"study: imported bm25_runs {record['version']} from bm25_runs-{record['version']}.json" in said
     from storage import ArtifactStore
 
@@ -401,7 +401,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     # Recorded again on that machine: its imported runs' producers were never built there.
     for name in ("bm25", "bm25-second"):
         (study.folder / "records" / f"{name}.json").unlink()
-    assert run_study(study, fresh, 600, machine, repo=None, say=said.append) == ["bm25", "bm25-second"]
+    assert run_study(study, fresh, 1800, machine, repo=None, say=said.append) == ["bm25", "bm25-second"]
     again = read_records(study.folder)["bm25"]
     assert "bm25_index" in again["versions"] and "bm25_index" not in {s["step"] for s in again["stages"]}
     assert "bm25_search" not in {s["step"] for s in again["stages"]}   # imported: built, and timed, elsewhere
@@ -412,8 +412,8 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     write_record(study.folder, {**again, "versions": {**again["versions"], "chunk": "0" * 16},
                                 "machine": ZEN3, "recorded_at": "2026-01-01T00:00:00+00:00"})
     said.clear()
-    assert run_study(study, fresh, 600, machine, repo=None, say=said.append) == []   # without --again: it stands
-    assert run_study(study, fresh, 600, machine, repo=checkout, rows=[Again("bm25"), "bm25-second"],
+    assert run_study(study, fresh, 1800, machine, repo=None, say=said.append) == []   # without --again: it stands
+    assert run_study(study, fresh, 1800, machine, repo=checkout, rows=[Again("bm25"), "bm25-second"],
                      say=said.append) == ["bm25"]
     assert f"study: bm25: measured again here: 1 of {len(again['versions'])} steps of its record are at other " \
            "versions than this plan gives" in said
@@ -423,7 +423,7 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     assert "Study record: bm25 (measured again) (mini;" in subprocess.run(
         ["git", "-C", str(checkout), "log", "-1", "--format=%s"], capture_output=True, text=True, check=True).stdout
     said.clear()
-    assert run_study(study, fresh, 600, machine, repo=None, rows=[Again("bm25")], say=said.append) == []
+    assert run_study(study, fresh, 1800, machine, repo=None, rows=[Again("bm25")], say=said.append) == []
     assert "study: bm25: its record is at this plan's versions; not measured again" in said
 
 
@@ -443,7 +443,7 @@ def test_a_shared_step_built_by_a_row_the_budget_stopped_is_exported_and_committ
     said = []
     root = tmp_path_factory.mktemp("root")
     machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
-    assert runner.run_study(study, root, 600, machine, repo=checkout, say=said.append) == []
+    assert runner.run_study(study, root, 1800, machine, repo=checkout, say=said.append) == []
     assert read_records(study.folder) == {}   # the row itself is not recorded
     exported = sorted(p.name for p in study.shared_dir.iterdir())
     assert len(exported) == 2 and exported[0].startswith("bm25_runs-") and exported[1].endswith(".tar.gz")
@@ -470,14 +470,14 @@ def test_a_built_row_that_cannot_be_recorded_is_shown_in_the_status_and_the_runn
     monkeypatch.setattr(runner, "record_row", refusing_bm25)
     said, root = [], tmp_path_factory.mktemp("root")
     machine = {**describe_cpu(), "threads": 1, "sgemm_gflops": 50.0}
-    assert runner.run_study(study, root, 600, machine, repo=None, say=said.append) == ["bm25-second"]
+    assert runner.run_study(study, root, 1800, machine, repo=None, say=said.append) == ["bm25-second"]
     assert "study: bm25: built, but not recorded (RuntimeError: the disk is full); next row" in said
     first = study_status(study, root, read_records(study.folder), machine)[0]
     assert (first.row.name, first.state) == ("bm25", BUILT)
     assert first.detail.endswith("recording it failed: RuntimeError: the disk is full")
 
     monkeypatch.setattr(runner, "record_row", real)   # mended: the next run records it, and the note goes
-    assert runner.run_study(study, root, 600, machine, repo=None, say=said.append) == ["bm25"]
+    assert runner.run_study(study, root, 1800, machine, repo=None, say=said.append) == ["bm25"]
     assert all(s.state == MEASURED for s in study_status(study, root, read_records(study.folder), machine))
     assert not list(root.glob(".study-logs/*.not-recorded"))
 
@@ -499,6 +499,23 @@ def test_the_runner_passes_over_a_row_priced_above_the_budget(repo, tmp_path_fac
     recorded = run_study(study, tmp_path_factory.mktemp("root"), 60, machine, repo=None, say=said.append)
     assert recorded == []
     assert any("bm25: priced 6.0 h, 1 min left: passed over" in line for line in said)
+
+
+def test_an_unpriced_row_is_not_started_in_the_budgets_last_minutes(repo, tmp_path_factory, monkeypatch):
+    """No record prices the BM25 rows here: with less than ADVANCE_MIN_S left, neither is started."""
+    from flows.study import runner
+
+    checkout, study = repo
+    runs = []
+    monkeypatch.setattr(runner, "run_pipeline", lambda argv, log, timeout_s, threads: runs.append(argv))
+    said = []
+    budget = runner.ADVANCE_MIN_S - 60
+    assert runner.run_study(study, tmp_path_factory.mktemp("root"), budget, {**ZEN3, "threads": 1},
+                            repo=None, say=said.append) == []
+    assert runs == []
+    assert [line for line in said if "passed over" in line] == [
+        "study: bm25: priced unknown, 9 min left: passed over",
+        "study: bm25-second: priced unknown, 9 min left: passed over"]
 
 
 def test_the_hours_left_count_a_step_two_rows_share_once(repo, tmp_path_factory):
@@ -561,11 +578,11 @@ def test_a_row_reading_another_configs_model_has_that_config_run_first(shared_da
         return run
 
     monkeypatch.setattr(runner, "run_pipeline", pipeline_exits(1))
-    assert runner.run_study(study, root, 600, ZEN3, repo=None, say=lambda line: None) == []
+    assert runner.run_study(study, root, 1800, ZEN3, repo=None, say=lambda line: None) == []
     assert runs == [(str(tmp_path / "a.yaml"), "train:minilm-dpr")]   # it failed: the row's own run would stop too
     runs.clear()
     monkeypatch.setattr(runner, "run_pipeline", pipeline_exits(0, 1))   # a.yaml's builds; the row's fails
-    runner.run_study(study, root, 600, ZEN3, repo=None, say=lambda line: None)
+    runner.run_study(study, root, 1800, ZEN3, repo=None, say=lambda line: None)
     assert [config for config, _ in runs] == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")]
     assert runs[1][1].startswith("search:transfer")
 

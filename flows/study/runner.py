@@ -5,7 +5,7 @@ into the repository and committed there at once (with the study's shared inputs,
 as a row has built them, recorded or not), so a machine that goes away loses only the row in
 flight. A row priced above what is left of the budget is passed over for a later, cheaper one, and
 advanced with what is left once no row fits; a row nobody has measured yet (priced "unknown") is
-run, and measures itself. A row whose config reads a model of another config's run
+run, and measures itself, where at least ADVANCE_MIN_S and its priced part are left. A row whose config reads a model of another config's run
 (`other.yaml:STAGE`) that the root lacks has that config run up to that stage first. A row named
 with `--again` whose record was measured at other versions than this plan gives (another CPU's
 precision, older code) is built here and its record replaced, naming the one it replaces."""
@@ -39,6 +39,14 @@ ADVANCE_MIN_S = 600.0  # less than this left: a passed-over row is not started (
 class Again(str):
     """A row name given with `--again`: measured once more where its record's versions are not
     this plan's (the order of `--row` and `--again` names on the command line is kept)."""
+
+
+def least_seconds(status: RowStatus) -> float:
+    """What the row takes at least: its price; with an unpriced step, its priced part and no less
+    than ADVANCE_MIN_S (an unknown row measures itself, but not in the budget's last minutes)."""
+    if status.seconds_left is not None:
+        return status.seconds_left
+    return max(sum(p.seconds for p in status.left if p.seconds is not None), ADVANCE_MIN_S)
 
 
 def pipeline_command(study: Study, row: Row, root: Path) -> list[str]:
@@ -247,9 +255,8 @@ def run_study(study: Study, root: Path, budget_s: float, machine: dict, *, repo:
         status = status_of(row, row.name in again)
         if status.state == MEASURED:
             continue
-        price = status.seconds_left
-        if status.state != BUILT and price is not None and price > left:
-            say(f"study: {row.name}: priced {format_duration(price)}, {format_duration(left)} left: passed over")
+        if status.state != BUILT and least_seconds(status) > left:
+            say(f"study: {row.name}: priced {status.left_text()}, {format_duration(left)} left: passed over")
             passed.append(row)
             continue
         if not build(row, status):
