@@ -420,8 +420,18 @@ def test_the_runner_builds_a_row_records_it_and_commits_only_the_record(repo, sh
     replaced = read_records(study.folder)["bm25"]
     assert replaced["versions"] == again["versions"] and replaced["machine"]["key"] == machine["key"]
     assert replaced["replaces"]["machine"] == ZEN3["key"] and replaced["replaces"]["recorded_at"].startswith("2026-01-01")
-    assert "Study record: bm25 (measured again) (mini;" in subprocess.run(
-        ["git", "-C", str(checkout), "log", "-1", "--format=%s"], capture_output=True, text=True, check=True).stdout
+    last = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--name-only", "--format=%s"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "Study record: bm25 (measured again) (mini;" in last
+    # the replaced record is kept, committed with the new one, and the tables set the two side by side
+    kept = f"studies/mini/records/replaced/bm25@{again['version']}.json"
+    assert kept in last.split()
+    assert json.loads((checkout / kept).read_text())["machine"] == ZEN3
+    assert sorted(read_records(study.folder)) == ["bm25", "bm25-second"]   # the kept one is no row's record
+    again_lines = [line for line in study_tables(study, samples=200).splitlines() if line.startswith("| bm25 |")]
+    top1 = 100 * sum(r == 1 for r in test_ranks) / len(test_ranks)
+    assert any(f"| {ZEN3['key']}, 2 threads; commit " in line and f"top-1 {top1:.1f} -> {top1:.1f}" in line
+               and "top-1 +0.0 [+0.0, +0.0]" in line for line in again_lines)
     said.clear()
     assert run_study(study, fresh, 1800, machine, repo=None, rows=[Again("bm25")], say=said.append) == []
     assert "study: bm25: its record is at this plan's versions; not measured again" in said

@@ -22,6 +22,7 @@ RANK = "first_hit_rank"          # answer-match corpora: 1-based rank of the fir
 NDCG_AT_10 = "ndcg_cut_10"       # qrels corpora (BEIR): the query's nDCG@10
 OUTCOME_DIGITS = 4               # nDCG values kept to 4 decimals
 OUTCOME_SPLITS = ("dev", "test")  # the per-question outcomes kept (a corpus without them keeps what it has)
+REPLACED = "replaced"            # records/replaced/: the records measured again kept, beside the ones now
 
 
 def step_label(stage: dict) -> str:
@@ -78,6 +79,23 @@ def record_path(folder: Path, row_name: str) -> Path:
     return folder / "records" / f"{file_safe(row_name)}.json"
 
 
+def replaced_path(folder: Path, record: dict) -> Path:
+    """Where a record that `--again` replaced is kept (`records/replaced/ROW@VERSION.json`): the
+    tables set the row's two measurements side by side."""
+    return folder / "records" / REPLACED / f"{file_safe(record['row'])}@{record.get('version') or 'unversioned'}.json"
+
+
+def keep_replaced(folder: Path, record: dict) -> Path:
+    path = replaced_path(folder, record)
+    atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_replaced(folder: Path) -> dict[tuple[str, str | None], dict]:
+    """(row, version) -> the record `--again` replaced, for every one kept."""
+    return {(r["row"], r.get("version")): r for r in _read_folder(folder / "records" / REPLACED).values()}
+
+
 def write_record(folder: Path, record: dict) -> Path:
     record = {"schema": SCHEMA, "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **record}
     path = record_path(folder, record["row"])
@@ -86,9 +104,13 @@ def write_record(folder: Path, record: dict) -> Path:
 
 
 def read_records(folder: Path) -> dict[str, dict]:
-    """row name -> its record, for every record under `folder/records/`."""
+    """row name -> its record, for every record under `folder/records/` (the replaced ones aside)."""
+    return _read_folder(folder / "records")
+
+
+def _read_folder(records: Path) -> dict[str, dict]:
     out = {}
-    for path in sorted((folder / "records").glob("*.json")):
+    for path in sorted(records.glob("*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:

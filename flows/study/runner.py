@@ -8,7 +8,8 @@ advanced with what is left once no row fits; a row nobody has measured yet (pric
 run, and measures itself, where at least ADVANCE_MIN_S and its priced part are left. A row whose config reads a model of another config's run
 (`other.yaml:STAGE`) that the root lacks has that config run up to that stage first. A row named
 with `--again` whose record was measured at other versions than this plan gives (another CPU's
-precision, older code) is built here and its record replaced, naming the one it replaces."""
+precision, older code) is built here and its record replaced, naming the one it replaces (which is
+kept under `records/replaced/`)."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 from flows.study.definition import Row, Study
 from flows.study.estimate import format_duration
 from flows.study.measure import measure_row, targets
-from flows.study.records import code_commit, file_safe, read_records, write_record
+from flows.study.records import code_commit, file_safe, keep_replaced, read_records, write_record
 from flows.study.status import (BUILT, MEASURED, Plans, RowStatus, log_dir, not_recorded_note, open_store,
                                 row_status, versions_changed)
 from storage.atomic import atomic_write_text
@@ -99,16 +100,18 @@ def commit_records(repo: Path, paths: list[Path], message: str, attempts: int = 
 def record_row(study: Study, row: Row, plans: Plans, root: Path, machine: dict, commit: dict,
                repo: Path | None) -> Path:
     """Measures a built row, writes its record (and its question list) and commits them in `repo`;
-    a record it replaces is named in the new one (`replaces`: when, where, at which commit)."""
+    a record it replaces is named in the new one (`replaces`: when, where, at which commit) and kept."""
     store = open_store(root)
     references = [(reference, plans.of(reference.config)) for reference in plans.references(row)]
     record = {**measure_row(study, row, plans(row), store, references), **commit, "machine": machine, "root": str(root)}
     previous = read_records(study.folder).get(row.name)
-    if previous is not None:
+    kept = []
+    if previous is not None:   # kept beside it: the tables show the row's two measurements side by side
         record["replaces"] = {"recorded_at": previous.get("recorded_at"), "commit": previous.get("commit"),
                               "machine": (previous.get("machine") or {}).get("key"), "version": previous.get("version")}
+        kept.append(keep_replaced(study.folder, previous))
     path = write_record(study.folder, record)
-    files = [path, *export_shared(study, plans, root)]
+    files = [path, *kept, *export_shared(study, plans, root)]
     questions = record.get("outcomes", {}).get("questions")
     if questions:
         files.append(study.folder / "questions" / f"{questions}.json")

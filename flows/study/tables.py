@@ -7,7 +7,7 @@ import re
 
 from flows.study.definition import Bar, Claim, Study, seed_groups
 from flows.study.machine import auto_precision
-from flows.study.records import RANK, outcomes_by_split, read_records, step_label
+from flows.study.records import RANK, outcomes_by_split, read_records, read_replaced, step_label
 
 SPLIT = "test"
 TOP_KS = (1, 5, 20, 100)
@@ -26,9 +26,12 @@ def score_of(measure: str, value, k: int) -> float:
 class Results:
     """The records of a study, with each runs row's test outcomes joined to its question ids."""
 
-    def __init__(self, study: Study, records: dict[str, dict] | None = None):
+    def __init__(self, study: Study, records: dict[str, dict] | None = None,
+                 replaced: dict[tuple[str, str | None], dict] | None = None):
         self.study = study
         self.records = read_records(study.folder) if records is None else records
+        # the records `--again` replaced, by (row, version); with `records` given, only those given
+        self.replaced = (read_replaced(study.folder) if records is None else {}) if replaced is None else replaced
         self.outcomes = {name: outcomes_by_split(r, study.folder) for name, r in self.records.items()
                          if r.get("kind", "runs") == "runs"}
         # (a, b, k, samples, seed) -> compare's result: a claim in two papers' tables and a bar
@@ -97,15 +100,52 @@ def compare(results: Results, a: str, b: str, k: int, samples: int, seed: int = 
 
 
 def _bootstrap(results: Results, a: str, b: str, k: int, samples: int, seed: int) -> dict:
+    return paired_outcomes((results.test(a), results.measure(a)), (results.test(b), results.measure(b)), k,
+                           samples, seed, f"rows {a!r} and {b!r}")
+
+
+def paired_outcomes(a: tuple[dict, str], b: tuple[dict, str], k: int, samples: int, seed: int, what: str) -> dict:
+    """A minus B over the test questions both hold, each given as (qid -> outcome, its measure)."""
     from tasks.evaluation.bootstrap import paired_bootstrap
 
-    va, vb = results.test(a), results.test(b)
+    (va, ma), (vb, mb) = a, b
     qids = sorted(va.keys() & vb.keys())
     if not qids:
-        raise ValueError(f"rows {a!r} and {b!r} share no {SPLIT} question")
-    ma, mb = results.measure(a), results.measure(b)
+        raise ValueError(f"{what} share no {SPLIT} question")
     return paired_bootstrap([score_of(ma, va[q], k) for q in qids], [score_of(mb, vb[q], k) for q in qids],
                             samples=samples, seed=seed)
+
+
+def measured_again_table(results: Results, samples: int) -> list[str]:
+    """Each row measured again (`--again`): where its replaced record and its record now were
+    measured, their test figures and the paired interval of now minus before (top-1 and top-20,
+    or nDCG@10): the difference holds the precision's, the code's and the run's own."""
+    lines = ["| row | before | now | before -> now | now - before |", "|---|---|---|---|---|"]
+    for row in results.study.ordered():
+        record = results.records.get(row.name) or {}
+        replaces = record.get("replaces")
+        if not replaces:
+            continue
+        before = results.replaced.get((row.name, replaces.get("version")))
+        if before is None:
+            commit = (replaces.get("commit") or "?")[:10]
+            lines.append(f"| {row.name} | {replaces.get('machine', '?')}; commit {commit} (its record is not kept "
+                         f"under records/replaced/) | {where(record)} | - | - |")
+            continue
+        now, then = results.test(row.name), outcomes_by_split(before, results.study.folder).get(SPLIT)
+        if now is None or then is None:   # a record without test outcomes (the classifier's)
+            lines.append(f"| {row.name} | {where(before)} | {where(record)} | - | - |")
+            continue
+        measure = results.measure(row.name)
+        figures, intervals = [], []
+        for k in ((1, 20) if measure == RANK else (10,)):
+            r = paired_outcomes((now, measure), (then, before["outcomes"]["measure"]), k, samples, 0,
+                                f"{row.name}'s two records")
+            name = f"top-{k}" if measure == RANK else "nDCG@10"
+            figures.append(f"{name} {100 * r['b']:.1f} -> {100 * r['a']:.1f}")
+            intervals.append(f"{name} {100 * r['difference']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]")
+        lines.append(f"| {row.name} | {where(before)} | {where(record)} | {'; '.join(figures)} | {'; '.join(intervals)} |")
+    return lines
 
 
 def claim_line(results: Results, claim: Claim, samples: int) -> str:
@@ -325,6 +365,7 @@ def study_tables(study: Study, samples: int = 10_000, records: dict[str, dict] |
            "## Reproduction by paper", "", *paper_tables(results, samples),
            "## Bars", "", *included("bars", bars_table(results, samples)), "",
            f"## Systems ({SPLIT} split)", "", *included("systems", systems_table(results)), "",
+           "## Rows measured again", "", *included("measured-again", measured_again_table(results, samples)), "",
            "## Classifier and generation", "", *included("classifier-and-generation", extra), "",
            "## Stage build times (30 s or more), per CPU", "", *included("stage-build-times", stage_times_table(results)), ""]
     return "\n".join(out)
