@@ -137,6 +137,34 @@ def test_tables_come_from_the_records_alone(tmp_path, monkeypatch):
     assert study_tables(study, samples=2000) == text   # the same records give the same tables
 
 
+def test_a_row_measured_again_is_set_beside_its_replaced_record(tmp_path):
+    """a's record replaced one of another CPU (kept): before -> now and the paired interval; b's
+    replaced record was not kept: its line says so, with no figures."""
+    from flows.study.records import keep_replaced
+
+    study = _study_folder(tmp_path, [{"name": "a", "stage": "bm25_search", "priority": 1},
+                                     {"name": "b", "stage": "bm25_search", "priority": 1},
+                                     {"name": "c", "stage": "bm25_search", "priority": 1}])
+    old = json.loads(_runs_record(study, "a", [1] * 20 + [3] * 20).read_text())
+    keep_replaced(study.folder, {**old, "version": "0" * 16})
+    replaces = {"recorded_at": old["recorded_at"], "commit": "c" * 40, "machine": ZEN3["key"], "version": "0" * 16}
+    a = json.loads(_runs_record(study, "a", [1] * 30 + [3] * 10, machine=ZEN5).read_text())
+    write_record(study.folder, {**a, "replaces": replaces})
+    b = json.loads(_runs_record(study, "b", [1] * 40).read_text())
+    write_record(study.folder, {**b, "replaces": {**replaces, "version": "1" * 16}})
+    _runs_record(study, "c", [1] * 40)   # never measured again: not in the table
+    assert sorted(read_records(study.folder)) == ["a", "b", "c"]
+    text = study_tables(study, samples=2000)
+    lines = text.split("<!-- --8<-- [start:measured-again] -->")[1].split("<!-- --8<-- [end:measured-again] -->")[0]
+    rows = [line for line in lines.strip().splitlines()[2:]]
+    assert len(rows) == 2
+    assert rows[0].startswith(f"| a | {ZEN3['key']}, 2 threads; commit cccccccccc | {ZEN5['key']}, 2 threads; "
+                              "commit cccccccccc | top-1 50.0 -> 75.0; top-20 100.0 -> 100.0 | top-1 +25.0 [+")
+    assert rows[0].endswith("; top-20 +0.0 [+0.0, +0.0] |")
+    assert rows[1] == (f"| b | {ZEN3['key']}; commit cccccccccc (its record is not kept under records/replaced/) | "
+                       f"{ZEN3['key']}, 2 threads; commit cccccccccc | - | - |")
+
+
 def test_the_claims_across_seeds_table_sets_each_claims_seeds_side_by_side(tmp_path):
     from flows.study.definition import seed_groups
     from flows.study.tables import verdicts_table

@@ -132,7 +132,8 @@ def measured_again_table(results: Results, samples: int) -> list[str]:
             lines.append(f"| {row.name} | {replaces.get('machine', '?')}; commit {commit} (its record is not kept "
                          f"under records/replaced/) | {where(record)} | - | - |")
             continue
-        now, then = results.test(row.name), outcomes_by_split(before, results.study.folder).get(SPLIT)
+        now = results.test(row.name)
+        then = outcomes_by_split(before, results.study.folder).get(SPLIT) if before.get("kind", "runs") == "runs" else None
         if now is None or then is None:   # a record without test outcomes (the classifier's)
             lines.append(f"| {row.name} | {where(before)} | {where(record)} | - | - |")
             continue
