@@ -26,12 +26,11 @@ def score_of(measure: str, value, k: int) -> float:
 class Results:
     """The records of a study, with each runs row's test outcomes joined to its question ids."""
 
-    def __init__(self, study: Study, records: dict[str, dict] | None = None,
-                 replaced: dict[tuple[str, str | None], dict] | None = None):
+    def __init__(self, study: Study, records: dict[str, dict] | None = None):
         self.study = study
         self.records = read_records(study.folder) if records is None else records
-        # the records `--again` replaced, by (row, version); with `records` given, only those given
-        self.replaced = (read_replaced(study.folder) if records is None else {}) if replaced is None else replaced
+        # the records `--again` replaced, by (row, version); none where `records` are given
+        self.replaced = read_replaced(study.folder) if records is None else {}
         self.outcomes = {name: outcomes_by_split(r, study.folder) for name, r in self.records.items()
                          if r.get("kind", "runs") == "runs"}
         # (a, b, k, samples, seed) -> compare's result: a claim in two papers' tables and a bar
@@ -142,7 +141,7 @@ def measured_again_table(results: Results, samples: int) -> list[str]:
         for k in ((1, 20) if measure == RANK else (10,)):
             r = paired_outcomes((now, measure), (then, before["outcomes"]["measure"]), k, samples, 0,
                                 f"{row.name}'s two records")
-            name = f"top-{k}" if measure == RANK else "nDCG@10"
+            name = _metric(results, row.name, k)
             figures.append(f"{name} {100 * r['b']:.1f} -> {100 * r['a']:.1f}")
             intervals.append(f"{name} {100 * r['difference']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]")
         lines.append(f"| {row.name} | {where(before)} | {where(record)} | {'; '.join(figures)} | {'; '.join(intervals)} |")
